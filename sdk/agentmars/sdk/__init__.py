@@ -1,0 +1,54 @@
+"""agentmars client SDK: the unified information stream and the hooks that feed it.
+
+    from agentmars import sdk
+    sdk.configure(sdk.MemorySink())
+    with sdk.session(agent="coder"):
+        with sdk.llm_call("my-model"): ...
+        with sdk.tool("terminal"): ...
+
+LLM clients are instrumented by ``agentmars.sdk.integrations.openai`` and
+``agentmars.sdk.integrations.litellm``.
+"""
+
+from agentmars.sdk.calls import KV_BLOCK_SIZE, LLMCall, ToolCall, llm_call, tool
+from agentmars.sdk.emitter import Emitter, Sink, configure, default_emitter
+from agentmars.sdk.events import (
+    SCHEMA_VERSION,
+    AnyEvent,
+    Event,
+    EventError,
+    MalformedEvent,
+    UnknownEventVersion,
+    decode_event,
+    decode_jsonl,
+    encode_jsonl,
+)
+from agentmars.sdk.session import NoActiveSession, Session, current_session, session
+from agentmars.sdk.sinks import JsonlSink, MemorySink
+
+__all__ = [
+    "KV_BLOCK_SIZE",
+    "SCHEMA_VERSION",
+    "AnyEvent",
+    "Emitter",
+    "Event",
+    "EventError",
+    "JsonlSink",
+    "LLMCall",
+    "MalformedEvent",
+    "MemorySink",
+    "NoActiveSession",
+    "Session",
+    "Sink",
+    "ToolCall",
+    "UnknownEventVersion",
+    "configure",
+    "current_session",
+    "decode_event",
+    "decode_jsonl",
+    "default_emitter",
+    "encode_jsonl",
+    "llm_call",
+    "session",
+    "tool",
+]

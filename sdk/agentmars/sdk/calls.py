@@ -1,0 +1,337 @@
+"""LLM calls and tool calls: the boundaries a session crosses.
+
+Each call is a ``Scope`` (context manager or decorator) bound to the current
+session, or one given explicitly. The explicit methods (``submit`` /
+``first_token`` / ``end`` and ``enqueue`` / ``start`` / ``end``) let code whose
+boundaries are not a ``with`` block (a stream consumed later, a queued tool)
+record them where they happen. Every method is idempotent where a repeat can
+happen by accident, so an event is emitted at most once per boundary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Literal, Self
+
+from agentmars.sdk.events import LLMEnd, LLMFirstToken, LLMSubmit, ToolEnd, ToolEnqueue, ToolStart
+from agentmars.sdk.events import new_id as _new_id
+from agentmars.sdk.scope import Scope, outcome_of
+from agentmars.sdk.session import Session, require_session
+
+KV_BLOCK_SIZE = 16
+"""Tokens per KV block used for ``projected_kv_blocks`` (vLLM's GPU default; our
+choice for the client side, the engine side reports in its own block size)."""
+
+Status = Literal["ok", "error", "cancelled"]
+ToolStatus = Literal["ok", "error", "timeout", "killed", "cancelled"]
+
+
+def _field(obj: Any, name: str) -> Any:
+    """Read a field from a response object or a plain dict alike."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _ns_to_s(ns: int) -> float:
+    return max(ns, 0) / 1e9
+
+
+class LLMCall(Scope):
+    """One LLM call of the session: ``llm_submit`` -> ``llm_first_token`` -> ``llm_end``.
+
+    The turn index and the ``follows_tool`` marker are assigned at submit time
+    from the session; ``expects_tool`` says whether the caller expects the call
+    to end in a tool call (integrations set it when tools are offered).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        operation: Literal["chat", "text_completion"] = "chat",
+        stream: bool = False,
+        projected_prompt_tokens: int | None = None,
+        max_tokens: int | None = None,
+        follows_tool: bool | None = None,
+        expects_tool: bool = False,
+        session: Session | None = None,
+    ) -> None:
+        if projected_prompt_tokens is not None and projected_prompt_tokens < 0:
+            raise ValueError("projected_prompt_tokens must be >= 0")
+        if max_tokens is not None and max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
+        self.model = model
+        self.operation = operation
+        self.stream = stream
+        self.projected_prompt_tokens = projected_prompt_tokens
+        self.max_tokens = max_tokens
+        self._given_follows_tool = follows_tool
+        self.expects_tool = expects_tool
+        self._given_session = session
+        self.session: Session | None = None
+        self.call_id = _new_id()[:16]
+        self.turn: int | None = None
+        self.follows_tool = bool(follows_tool)
+        self._submit_ns: int | None = None
+        self._first_token_ns: int | None = None
+        self._ended = False
+        self.usage: dict[str, Any] = {}
+
+    def fresh(self) -> Self:
+        return type(self)(
+            self.model,
+            operation=self.operation,
+            stream=self.stream,
+            projected_prompt_tokens=self.projected_prompt_tokens,
+            max_tokens=self.max_tokens,
+            follows_tool=self._given_follows_tool,
+            expects_tool=self.expects_tool,
+            session=self._given_session,
+        )
+
+    # --- boundaries ---------------------------------------------------------------
+
+    def submit(self) -> Self:
+        if self._submit_ns is not None:
+            return self
+        self.session = self._given_session or require_session("an LLM call")
+        self.turn, pending_tool = self.session.begin_llm_call()
+        self.follows_tool = pending_tool if self._given_follows_tool is None else self.follows_tool
+        projected = self.projected_prompt_tokens
+        event = LLMSubmit(
+            session_id=self.session.session_id,
+            call_id=self.call_id,
+            turn=self.turn,
+            model=self.model,
+            operation=self.operation,
+            stream=self.stream,
+            projected_prompt_tokens=projected,
+            projected_kv_blocks=None if projected is None else math.ceil(projected / KV_BLOCK_SIZE),
+            max_tokens=self.max_tokens,
+            follows_tool=self.follows_tool,
+            expects_tool=self.expects_tool,
+        )
+        self._submit_ns = event.mono_ns
+        self.session.emit(event)
+        return self
+
+    def first_token(self) -> None:
+        if self._first_token_ns is not None or self._submit_ns is None or self._ended:
+            return
+        self._first_token_ns = time.monotonic_ns()
+        assert self.session is not None and self.turn is not None
+        self.session.emit(
+            LLMFirstToken(
+                session_id=self.session.session_id,
+                call_id=self.call_id,
+                turn=self.turn,
+                mono_ns=self._first_token_ns,
+                ttft_s=_ns_to_s(self._first_token_ns - self._submit_ns),
+            )
+        )
+
+    def record_usage(
+        self,
+        *,
+        prompt_tokens: int | None = None,
+        cached_tokens: int | None = None,
+        output_tokens: int | None = None,
+        finish_reason: str | None = None,
+        ended_in_tool_call: bool | None = None,
+    ) -> None:
+        """Remember what the response reported; later values override earlier ones."""
+        given = {
+            "prompt_tokens": prompt_tokens,
+            "cached_tokens": cached_tokens,
+            "output_tokens": output_tokens,
+            "finish_reason": finish_reason,
+            "ended_in_tool_call": ended_in_tool_call,
+        }
+        self.usage.update({k: v for k, v in given.items() if v is not None})
+
+    def record_response(self, response: Any) -> None:
+        """Take usage, finish reason and tool calls from an OpenAI-style response or
+        stream chunk (object or dict); anything missing is left as it was."""
+        usage = _field(response, "usage")
+        if usage is not None:
+            self.record_usage(
+                prompt_tokens=_field(usage, "prompt_tokens"),
+                output_tokens=_field(usage, "completion_tokens"),
+                cached_tokens=_field(_field(usage, "prompt_tokens_details"), "cached_tokens"),
+            )
+        for choice in _field(response, "choices") or ():
+            message = _field(choice, "message") or _field(choice, "delta")
+            reason = _field(choice, "finish_reason")
+            self.record_usage(
+                finish_reason=reason,
+                ended_in_tool_call=True if _field(message, "tool_calls") else None,
+            )
+            if reason == "tool_calls":
+                self.record_usage(ended_in_tool_call=True)
+
+    def end(self, status: Status = "ok", error: str | None = None) -> None:
+        if self._ended or self._submit_ns is None:
+            return
+        self._ended = True
+        assert self.session is not None and self.turn is not None
+        now = time.monotonic_ns()
+        self.session.emit(
+            LLMEnd(
+                session_id=self.session.session_id,
+                call_id=self.call_id,
+                turn=self.turn,
+                mono_ns=now,
+                status=status,
+                error=error,
+                duration_s=_ns_to_s(now - self._submit_ns),
+                **self.usage,
+            )
+        )
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    # --- Scope --------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self.submit()
+
+    def _close(self, exc: BaseException | None) -> None:
+        status, error = outcome_of(exc)
+        self.end(status, error)  # type: ignore[arg-type]
+
+    def _on_result(self, result: Any) -> None:
+        self.record_response(result)
+
+
+class ToolCall(Scope):
+    """One tool call: ``tool_enqueue`` -> ``tool_start`` -> ``tool_end``.
+
+    As a context manager it is enqueued and started on entry (an in-process tool
+    has no queue); a pool that queues calls uses ``enqueue()`` and ``start()``.
+    """
+
+    def __init__(
+        self,
+        tool: str,
+        *,
+        call_id: str | None = None,
+        priority: int | None = None,
+        session: Session | None = None,
+    ) -> None:
+        if not isinstance(tool, str) or not 1 <= len(tool) <= 256:
+            raise ValueError("tool must be a non-empty name of at most 256 characters")
+        if call_id is not None and not (isinstance(call_id, str) and 1 <= len(call_id) <= 256):
+            raise ValueError("call_id must be a non-empty string of at most 256 characters")
+        self.tool = tool
+        self._given_call_id = call_id
+        self.call_id = call_id or _new_id()[:16]
+        self.priority = priority
+        self._given_session = session
+        self.session: Session | None = None
+        self.turn: int | None = None
+        self._enqueue_ns: int | None = None
+        self._start_ns: int | None = None
+        self._ended = False
+        self.exit_status: int | None = None
+
+    def fresh(self) -> Self:
+        return type(self)(
+            self.tool,
+            call_id=self._given_call_id,
+            priority=self.priority,
+            session=self._given_session,
+        )
+
+    def _ids(self) -> dict[str, Any]:
+        assert self.session is not None
+        return {
+            "session_id": self.session.session_id,
+            "call_id": self.call_id,
+            "turn": self.turn,
+            "tool": self.tool,
+        }
+
+    def enqueue(self) -> Self:
+        if self._enqueue_ns is not None:
+            return self
+        self.session = self._given_session or require_session("a tool call")
+        self.turn = self.session.current_turn()
+        event = ToolEnqueue(**self._ids(), priority=self.priority)
+        self._enqueue_ns = event.mono_ns
+        self.session.emit(event)
+        return self
+
+    def start(self) -> Self:
+        self.enqueue()
+        if self._start_ns is not None:
+            return self
+        assert self.session is not None and self._enqueue_ns is not None
+        self._start_ns = time.monotonic_ns()
+        self.session.emit(
+            ToolStart(
+                **self._ids(),
+                mono_ns=self._start_ns,
+                queue_wait_s=_ns_to_s(self._start_ns - self._enqueue_ns),
+            )
+        )
+        return self
+
+    def set_exit_status(self, code: int) -> None:
+        """The tool's exit status; non-zero ends the call with status ``error``."""
+        self.exit_status = code
+
+    def end(
+        self,
+        status: ToolStatus | None = None,
+        error: str | None = None,
+        cpu_time_s: float | None = None,
+    ) -> None:
+        if self._ended or self.session is None:
+            return
+        self._ended = True
+        now = time.monotonic_ns()
+        if status is None:
+            status = "ok" if not self.exit_status else "error"
+        started = self._start_ns if self._start_ns is not None else now
+        self.session.emit(
+            ToolEnd(
+                **self._ids(),
+                mono_ns=now,
+                status=status,
+                exit_status=self.exit_status,
+                error=error,
+                duration_s=_ns_to_s(now - started),
+                cpu_time_s=cpu_time_s,
+            )
+        )
+        self.session.note_tool_result()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def _open(self) -> None:
+        self.start()
+
+    def _close(self, exc: BaseException | None) -> None:
+        status, error = outcome_of(exc)
+        self.end(None if status == "ok" else status, error)  # type: ignore[arg-type]
+
+    def _on_result(self, result: Any) -> None:
+        # A decorated tool returning a process result (subprocess.CompletedProcess,
+        # an OpenHands observation) reports its exit status through it.
+        for name in ("returncode", "exit_code"):
+            code = getattr(result, name, None)
+            if isinstance(code, int):
+                self.set_exit_status(code)
+                return
+
+
+llm_call = LLMCall
+tool = ToolCall

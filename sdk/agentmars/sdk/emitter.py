@@ -1,0 +1,83 @@
+"""Fan-out of events to sinks, isolated so a failing sink never reaches the agent."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Protocol, runtime_checkable
+
+from agentmars.sdk.events import Event
+
+log = logging.getLogger("agentmars.sdk")
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """Where events go. ``emit`` is called on the agent's hot path: it must be fast
+    and should not block; ``close`` flushes and releases resources."""
+
+    def emit(self, event: Event) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Emitter:
+    """Delivers each event to every sink; a sink that raises is counted, logged once
+    and skipped, so instrumentation can never break or slow the agent's code."""
+
+    def __init__(self, sinks: tuple[Sink, ...] | list[Sink] = ()) -> None:
+        self._sinks: tuple[Sink, ...] = tuple(sinks)
+        self._lock = threading.Lock()
+        self.sink_errors: Counter[str] = Counter()
+
+    @property
+    def sinks(self) -> tuple[Sink, ...]:
+        return self._sinks
+
+    def emit(self, event: Event) -> None:
+        for sink in self._sinks:
+            try:
+                sink.emit(event)
+            except Exception as exc:  # noqa: BLE001 - a sink must never break the agent
+                self._sink_failed(sink, exc)
+
+    def _sink_failed(self, sink: Sink, exc: Exception) -> None:
+        name = type(sink).__name__
+        self.sink_errors[name] += 1
+        if self.sink_errors[name] == 1:
+            log.warning("agentmars sink %s failed (further failures counted only): %r", name, exc)
+
+    def add(self, sink: Sink) -> None:
+        with self._lock:
+            self._sinks = (*self._sinks, sink)
+
+    def remove(self, sink: Sink) -> None:
+        with self._lock:
+            self._sinks = tuple(s for s in self._sinks if s is not sink)
+
+    def close(self) -> None:
+        """Close every sink (flushing buffered events) and forget them."""
+        with self._lock:
+            sinks, self._sinks = self._sinks, ()
+        for sink in sinks:
+            try:
+                sink.close()
+            except Exception as exc:  # noqa: BLE001
+                self._sink_failed(sink, exc)
+
+
+_default = Emitter()
+
+
+def default_emitter() -> Emitter:
+    """The process-wide emitter that sessions use unless given their own."""
+    return _default
+
+
+def configure(*sinks: Sink) -> Emitter:
+    """Replace the process-wide sinks (closing the previous ones) and return the emitter."""
+    _default.close()
+    for sink in sinks:
+        _default.add(sink)
+    return _default

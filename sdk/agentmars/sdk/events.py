@@ -1,0 +1,342 @@
+"""The unified information stream: one typed event per execution boundary.
+
+Seed 000 §4.1 (Table 1) names the boundaries the schedulers consume:
+``gpu_submit`` (projected KV), ``gpu_1st_token`` (launch delay), ``gpu_end``
+(freed blocks), ``tool_num`` (active tools), ``tool_start/end`` (execution
+duration) and ``window_update``. DESIGN.md adds session start/end, tool enqueue
+and KV statistics. Every part of agentmars (SDK, sandbox, gateway, engine
+plugin, simulator) produces and consumes these models.
+
+Each event carries stable ids (``session_id``, ``turn``, ``call_id``), a
+monotonic timestamp (``mono_ns``, comparable between processes of one host)
+and a wall-clock timestamp (``wall_ns``, for export). The wire form is JSON,
+one object per event, and JSONL for streams; ``v`` is the schema version and
+``kind`` the discriminator.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+SCHEMA_VERSION = 1
+"""Version of the event schema written by this code; readers accept 1..SCHEMA_VERSION."""
+
+Source = Literal["sdk", "sandbox", "gateway", "engine", "sim"]
+Id = Annotated[str, Field(min_length=1, max_length=256)]
+Count = Annotated[int, Field(ge=0)]
+Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+
+def new_id() -> str:
+    """A fresh random id (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+class EventError(ValueError):
+    """An event could not be decoded or validated."""
+
+
+class MalformedEvent(EventError):
+    """The input is not a valid event of a known version."""
+
+
+class UnknownEventVersion(EventError):
+    """The event declares a schema version this code does not understand."""
+
+    def __init__(self, version: object) -> None:
+        super().__init__(
+            f"unknown event schema version {version!r}: this agentmars reads versions "
+            f"1..{SCHEMA_VERSION}; upgrade the reader or downgrade the writer"
+        )
+        self.version = version
+
+
+class Event(BaseModel):
+    """Fields every event has. Events are immutable and reject unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = SCHEMA_VERSION
+    kind: str
+    event_id: Id = Field(default_factory=new_id)
+    mono_ns: Count = Field(default_factory=time.monotonic_ns)
+    wall_ns: Count = Field(default_factory=time.time_ns)
+    source: Source = "sdk"
+
+    def to_json(self) -> str:
+        """Compact JSON, the wire form of one event."""
+        return self.model_dump_json(exclude_none=True)
+
+
+class SessionEvent(Event):
+    """An event that belongs to an agent session."""
+
+    session_id: Id
+
+
+class CallEvent(SessionEvent):
+    """An event about one LLM or tool call: ``turn`` is the index of the session's
+    LLM call the event belongs to (a tool call belongs to the turn whose LLM
+    call requested it; None before the first LLM call)."""
+
+    call_id: Id
+    turn: Count | None = None
+
+
+# --- session boundaries ----------------------------------------------------
+
+
+class SessionStart(SessionEvent):
+    kind: Literal["session_start"] = "session_start"
+    agent: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class SessionEnd(SessionEvent):
+    kind: Literal["session_end"] = "session_end"
+    status: Literal["ok", "error", "cancelled"] = "ok"
+    error: str | None = None
+    turns: Count = 0
+    duration_s: Seconds = 0.0
+
+
+# --- GPU plane ---------------------------------------------------------------
+
+
+class LLMSubmit(CallEvent):
+    """``gpu_submit``: a call enters the serving path with its projected KV demand."""
+
+    kind: Literal["llm_submit"] = "llm_submit"
+    model: str | None = None
+    operation: Literal["chat", "text_completion"] = "chat"
+    stream: bool = False
+    projected_prompt_tokens: Count | None = None
+    projected_kv_blocks: Count | None = None
+    max_tokens: Count | None = None
+    follows_tool: bool = False
+    """The call's context ends with a tool result (the agent resumes after a tool)."""
+    expects_tool: bool = False
+    """The call is expected to end in a tool call (the session then leaves the GPU)."""
+
+
+class LLMFirstToken(CallEvent):
+    """``gpu_1st_token``: the first output token arrived; ``ttft_s`` is the launch delay."""
+
+    kind: Literal["llm_first_token"] = "llm_first_token"
+    ttft_s: Seconds
+
+
+class LLMEnd(CallEvent):
+    """``gpu_end``: the call finished; ``freed_blocks`` is set by the engine side."""
+
+    kind: Literal["llm_end"] = "llm_end"
+    status: Literal["ok", "error", "cancelled"] = "ok"
+    error: str | None = None
+    prompt_tokens: Count | None = None
+    cached_tokens: Count | None = None
+    output_tokens: Count | None = None
+    freed_blocks: Count | None = None
+    finish_reason: str | None = None
+    ended_in_tool_call: bool = False
+    duration_s: Seconds = 0.0
+
+    @model_validator(mode="after")
+    def _cached_within_prompt(self) -> LLMEnd:
+        if (
+            self.cached_tokens is not None
+            and self.prompt_tokens is not None
+            and self.cached_tokens > self.prompt_tokens
+        ):
+            raise ValueError(
+                f"cached_tokens ({self.cached_tokens}) exceeds prompt_tokens ({self.prompt_tokens})"
+            )
+        return self
+
+
+# --- CPU plane -----------------------------------------------------------------
+
+
+class ToolEnqueue(CallEvent):
+    kind: Literal["tool_enqueue"] = "tool_enqueue"
+    tool: Id
+    priority: int | None = None
+
+
+class ToolStart(CallEvent):
+    kind: Literal["tool_start"] = "tool_start"
+    tool: Id
+    queue_wait_s: Seconds = 0.0
+
+
+class ToolEnd(CallEvent):
+    kind: Literal["tool_end"] = "tool_end"
+    tool: Id
+    status: Literal["ok", "error", "timeout", "killed", "cancelled"] = "ok"
+    exit_status: int | None = None
+    error: str | None = None
+    duration_s: Seconds = 0.0
+    cpu_time_s: Seconds | None = None
+
+
+class ToolStats(Event):
+    """``tool_num``: host-side tool pressure (active tools, per-kind execution EMA)."""
+
+    kind: Literal["tool_stats"] = "tool_stats"
+    active: Count
+    queued: Count = 0
+    exec_ema_s: dict[str, Seconds] = Field(default_factory=dict)
+
+
+# --- control plane and KV ---------------------------------------------------------
+
+
+class WindowUpdate(Event):
+    """``window_update``: the admission window changed under dual pressure."""
+
+    kind: Literal["window_update"] = "window_update"
+    window: Count
+    previous: Count
+    reason: str = ""
+    kv_free_blocks: Count | None = None
+    active_tools: Count | None = None
+
+
+class KVStats(Event):
+    """Block-pool state in the allocator's native unit (seed 000 §4.1)."""
+
+    kind: Literal["kv_stats"] = "kv_stats"
+    total_blocks: Count
+    free_blocks: Count
+    used_blocks: Count
+    pinned_blocks: Count = 0
+
+    @model_validator(mode="after")
+    def _blocks_add_up(self) -> KVStats:
+        if self.free_blocks + self.used_blocks > self.total_blocks:
+            raise ValueError(
+                f"free_blocks + used_blocks ({self.free_blocks} + {self.used_blocks}) "
+                f"exceeds total_blocks ({self.total_blocks})"
+            )
+        if self.pinned_blocks > self.used_blocks:
+            raise ValueError(
+                f"pinned_blocks ({self.pinned_blocks}) exceeds used_blocks ({self.used_blocks})"
+            )
+        return self
+
+
+AnyEvent: TypeAlias = Annotated[
+    SessionStart
+    | SessionEnd
+    | LLMSubmit
+    | LLMFirstToken
+    | LLMEnd
+    | ToolEnqueue
+    | ToolStart
+    | ToolEnd
+    | ToolStats
+    | WindowUpdate
+    | KVStats,
+    Field(discriminator="kind"),
+]
+_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
+
+EVENT_KINDS: tuple[str, ...] = tuple(
+    cls.model_fields["kind"].default
+    for cls in (
+        SessionStart, SessionEnd, LLMSubmit, LLMFirstToken, LLMEnd, ToolEnqueue,
+        ToolStart, ToolEnd, ToolStats, WindowUpdate, KVStats,
+    )
+)  # fmt: skip
+
+
+# --- decoding ------------------------------------------------------------------
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors(include_url=False):
+        where = ".".join(str(p) for p in item["loc"]) or "event"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def decode_event(data: str | bytes | Mapping[str, Any]) -> AnyEvent:
+    """Decode one event from JSON text or a parsed mapping.
+
+    Raises ``UnknownEventVersion`` for a version this code cannot read and
+    ``MalformedEvent`` (with every field error spelled out) for anything else.
+    """
+    if isinstance(data, str | bytes):
+        try:
+            data = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise MalformedEvent(f"not valid JSON: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise MalformedEvent(f"an event is a JSON object, got {type(data).__name__}")
+    version = data.get("v")
+    if version is None:
+        raise MalformedEvent("missing schema version field 'v'")
+    if type(version) is not int or not 1 <= version <= SCHEMA_VERSION:
+        raise UnknownEventVersion(version)
+    if data.get("kind") not in EVENT_KINDS:
+        raise MalformedEvent(
+            f"unknown event kind {data.get('kind')!r}; known kinds: {', '.join(EVENT_KINDS)}"
+        )
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise MalformedEvent(f"invalid {data['kind']} event: {_describe(exc)}") from None
+
+
+@dataclass
+class LineError:
+    """A JSONL line that could not be decoded (1-based line number)."""
+
+    line: int
+    error: EventError
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.error}"
+
+
+@dataclass
+class DecodedStream:
+    """What ``decode_jsonl`` read: the good events and a report of the bad lines."""
+
+    events: list[AnyEvent] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+
+    @property
+    def unknown_versions(self) -> list[LineError]:
+        return [e for e in self.errors if isinstance(e.error, UnknownEventVersion)]
+
+
+def decode_jsonl(lines: str | bytes | Iterable[str | bytes]) -> DecodedStream:
+    """Decode a JSONL stream, keeping going past bad lines and reporting them.
+
+    Blank lines are skipped. A stream from a newer writer thus yields the events
+    this reader understands plus one ``UnknownEventVersion`` per newer line.
+    """
+    if isinstance(lines, str | bytes):
+        lines = lines.splitlines()
+    result = DecodedStream()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            result.events.append(decode_event(line))
+        except EventError as exc:
+            result.errors.append(LineError(number, exc))
+    return result
+
+
+def encode_jsonl(events: Iterable[Event]) -> str:
+    """JSONL text for a sequence of events (one line each, newline-terminated)."""
+    return "".join(event.to_json() + "\n" for event in events)
