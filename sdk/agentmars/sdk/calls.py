@@ -11,10 +11,17 @@ happen by accident, so an event is emitted at most once per boundary.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Literal, Self
 
-from agentmars.sdk.events import LLMEnd, LLMFirstToken, LLMSubmit, ToolEnd, ToolEnqueue, ToolStart
+from agentmars.sdk.events import (
+    LLMEnd,
+    LLMFirstToken,
+    LLMSubmit,
+    ToolEnd,
+    ToolEnqueue,
+    ToolStart,
+    clock,
+)
 from agentmars.sdk.events import new_id as _new_id
 from agentmars.sdk.scope import Scope, outcome_of
 from agentmars.sdk.session import Session, require_session
@@ -27,7 +34,7 @@ Status = Literal["ok", "error", "cancelled"]
 ToolStatus = Literal["ok", "error", "timeout", "killed", "cancelled"]
 
 
-def _field(obj: Any, name: str) -> Any:
+def read_field(obj: Any, name: str) -> Any:
     """Read a field from a response object or a plain dict alike."""
     if obj is None:
         return None
@@ -38,6 +45,16 @@ def _field(obj: Any, name: str) -> Any:
 
 def _ns_to_s(ns: int) -> float:
     return max(ns, 0) / 1e9
+
+
+def _count(value: Any) -> int | None:
+    """A token count reported by a provider, or None if it is not a usable one."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+_COUNT_FIELDS = ("prompt_tokens", "cached_tokens", "output_tokens")
 
 
 class LLMCall(Scope):
@@ -122,14 +139,15 @@ class LLMCall(Scope):
     def first_token(self) -> None:
         if self._first_token_ns is not None or self._submit_ns is None or self._ended:
             return
-        self._first_token_ns = time.monotonic_ns()
+        stamps = clock()
+        self._first_token_ns = stamps["mono_ns"]
         assert self.session is not None and self.turn is not None
         self.session.emit(
             LLMFirstToken(
                 session_id=self.session.session_id,
                 call_id=self.call_id,
                 turn=self.turn,
-                mono_ns=self._first_token_ns,
+                **stamps,
                 ttft_s=_ns_to_s(self._first_token_ns - self._submit_ns),
             )
         )
@@ -143,7 +161,10 @@ class LLMCall(Scope):
         finish_reason: str | None = None,
         ended_in_tool_call: bool | None = None,
     ) -> None:
-        """Remember what the response reported; later values override earlier ones."""
+        """Remember what the response reported; later values override earlier ones.
+
+        Raises ``ValueError`` here, at the call site, for a value ``llm_end`` could
+        not carry (a negative or non-integer count, a non-string finish reason)."""
         given = {
             "prompt_tokens": prompt_tokens,
             "cached_tokens": cached_tokens,
@@ -151,24 +172,37 @@ class LLMCall(Scope):
             "finish_reason": finish_reason,
             "ended_in_tool_call": ended_in_tool_call,
         }
+        for name in _COUNT_FIELDS:
+            if given[name] is not None and _count(given[name]) is None:
+                raise ValueError(f"{name} must be an integer >= 0, got {given[name]!r}")
+        if finish_reason is not None and not isinstance(finish_reason, str):
+            raise ValueError(f"finish_reason must be a string, got {finish_reason!r}")
+        if ended_in_tool_call is not None and not isinstance(ended_in_tool_call, bool):
+            raise ValueError(f"ended_in_tool_call must be a bool, got {ended_in_tool_call!r}")
         self.usage.update({k: v for k, v in given.items() if v is not None})
 
     def record_response(self, response: Any) -> None:
         """Take usage, finish reason and tool calls from an OpenAI-style response or
-        stream chunk (object or dict); anything missing is left as it was."""
-        usage = _field(response, "usage")
+        stream chunk (object or dict); anything missing is left as it was, and so is
+        anything unusable (the response is the provider's data: it must never make
+        the agent's call fail)."""
+        usage = read_field(response, "usage")
         if usage is not None:
             self.record_usage(
-                prompt_tokens=_field(usage, "prompt_tokens"),
-                output_tokens=_field(usage, "completion_tokens"),
-                cached_tokens=_field(_field(usage, "prompt_tokens_details"), "cached_tokens"),
+                prompt_tokens=_count(read_field(usage, "prompt_tokens")),
+                output_tokens=_count(read_field(usage, "completion_tokens")),
+                cached_tokens=_count(
+                    read_field(read_field(usage, "prompt_tokens_details"), "cached_tokens")
+                ),
             )
-        for choice in _field(response, "choices") or ():
-            message = _field(choice, "message") or _field(choice, "delta")
-            reason = _field(choice, "finish_reason")
+        for choice in read_field(response, "choices") or ():
+            message = read_field(choice, "message") or read_field(choice, "delta")
+            reason = read_field(choice, "finish_reason")
+            if not isinstance(reason, str):
+                reason = None
             self.record_usage(
                 finish_reason=reason,
-                ended_in_tool_call=True if _field(message, "tool_calls") else None,
+                ended_in_tool_call=True if read_field(message, "tool_calls") else None,
             )
             if reason == "tool_calls":
                 self.record_usage(ended_in_tool_call=True)
@@ -178,17 +212,23 @@ class LLMCall(Scope):
             return
         self._ended = True
         assert self.session is not None and self.turn is not None
-        now = time.monotonic_ns()
+        stamps = clock()
+        usage = dict(self.usage)
+        prompt, cached = usage.get("prompt_tokens"), usage.get("cached_tokens")
+        if prompt is not None and cached is not None and cached > prompt:
+            # Inconsistent reports (e.g. from different chunks): llm_end would reject
+            # them and the call's end would be lost; keep the prompt size, drop the rest.
+            del usage["cached_tokens"]
         self.session.emit(
             LLMEnd(
                 session_id=self.session.session_id,
                 call_id=self.call_id,
                 turn=self.turn,
-                mono_ns=now,
+                **stamps,
                 status=status,
                 error=error,
-                duration_s=_ns_to_s(now - self._submit_ns),
-                **self.usage,
+                duration_s=_ns_to_s(stamps["mono_ns"] - self._submit_ns),
+                **usage,
             )
         )
 
@@ -272,11 +312,12 @@ class ToolCall(Scope):
         if self._start_ns is not None:
             return self
         assert self.session is not None and self._enqueue_ns is not None
-        self._start_ns = time.monotonic_ns()
+        stamps = clock()
+        self._start_ns = stamps["mono_ns"]
         self.session.emit(
             ToolStart(
                 **self._ids(),
-                mono_ns=self._start_ns,
+                **stamps,
                 queue_wait_s=_ns_to_s(self._start_ns - self._enqueue_ns),
             )
         )
@@ -295,14 +336,15 @@ class ToolCall(Scope):
         if self._ended or self.session is None:
             return
         self._ended = True
-        now = time.monotonic_ns()
+        stamps = clock()
+        now = stamps["mono_ns"]
         if status is None:
             status = "ok" if not self.exit_status else "error"
         started = self._start_ns if self._start_ns is not None else now
         self.session.emit(
             ToolEnd(
                 **self._ids(),
-                mono_ns=now,
+                **stamps,
                 status=status,
                 exit_status=self.exit_status,
                 error=error,

@@ -29,6 +29,7 @@ class Emitter:
     def __init__(self, sinks: tuple[Sink, ...] | list[Sink] = ()) -> None:
         self._sinks: tuple[Sink, ...] = tuple(sinks)
         self._lock = threading.Lock()
+        self._errors_lock = threading.Lock()
         self.sink_errors: Counter[str] = Counter()
 
     @property
@@ -39,13 +40,17 @@ class Emitter:
         for sink in self._sinks:
             try:
                 sink.emit(event)
-            except Exception as exc:  # noqa: BLE001 - a sink must never break the agent
+            except Exception as exc:
                 self._sink_failed(sink, exc)
 
     def _sink_failed(self, sink: Sink, exc: Exception) -> None:
         name = type(sink).__name__
-        self.sink_errors[name] += 1
-        if self.sink_errors[name] == 1:
+        # Sinks fail on many threads at once: ``+= 1`` on a Counter is a read then a
+        # write, so without the lock concurrent failures would be lost.
+        with self._errors_lock:
+            self.sink_errors[name] += 1
+            first = self.sink_errors[name] == 1
+        if first:
             log.warning("agentmars sink %s failed (further failures counted only): %r", name, exc)
 
     def add(self, sink: Sink) -> None:
@@ -63,7 +68,7 @@ class Emitter:
         for sink in sinks:
             try:
                 sink.close()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._sink_failed(sink, exc)
 
 

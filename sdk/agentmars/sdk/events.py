@@ -21,17 +21,23 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 """Version of the event schema written by this code; readers accept 1..SCHEMA_VERSION."""
 
 Source = Literal["sdk", "sandbox", "gateway", "engine", "sim"]
 Id = Annotated[str, Field(min_length=1, max_length=256)]
 Count = Annotated[int, Field(ge=0)]
 Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+
+def clock() -> dict[str, int]:
+    """Both timestamps of one boundary, read together (pass as ``**clock()``) so
+    wall-clock span times and monotonic durations describe the same instant."""
+    return {"mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
 
 
 def new_id() -> str:
@@ -84,7 +90,9 @@ class SessionEvent(Event):
 class CallEvent(SessionEvent):
     """An event about one LLM or tool call: ``turn`` is the index of the session's
     LLM call the event belongs to (a tool call belongs to the turn whose LLM
-    call requested it; None before the first LLM call)."""
+    call requested it; None before the first LLM call). ``call_id`` is unique
+    within its session only (tool calls may reuse the model's ids, such as
+    ``call_0``): key calls by ``(session_id, call_id)``."""
 
     call_id: Id
     turn: Count | None = None
@@ -276,7 +284,9 @@ def decode_event(data: str | bytes | Mapping[str, Any]) -> AnyEvent:
     if isinstance(data, str | bytes):
         try:
             data = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:
+            # ValueError covers JSONDecodeError, UnicodeDecodeError and integers over
+            # Python's digit limit; RecursionError very deep nesting. All bad input.
             raise MalformedEvent(f"not valid JSON: {exc}") from None
     if not isinstance(data, Mapping):
         raise MalformedEvent(f"an event is a JSON object, got {type(data).__name__}")
@@ -285,12 +295,18 @@ def decode_event(data: str | bytes | Mapping[str, Any]) -> AnyEvent:
         raise MalformedEvent("missing schema version field 'v'")
     if type(version) is not int or not 1 <= version <= SCHEMA_VERSION:
         raise UnknownEventVersion(version)
-    if data.get("kind") not in EVENT_KINDS:
+    if "kind" not in data:
         raise MalformedEvent(
-            f"unknown event kind {data.get('kind')!r}; known kinds: {', '.join(EVENT_KINDS)}"
+            f"missing event kind field 'kind'; known kinds: {', '.join(EVENT_KINDS)}"
+        )
+    if data["kind"] not in EVENT_KINDS:
+        raise MalformedEvent(
+            f"unknown event kind {data['kind']!r}; known kinds: {', '.join(EVENT_KINDS)}"
         )
     try:
-        return _ADAPTER.validate_python(data)
+        # Strict: the wire form is typed, so "12" is not a count and "yes" not a bool
+        # (an int is still accepted where a float is expected).
+        return _ADAPTER.validate_python(dict(data), strict=True)
     except ValidationError as exc:
         raise MalformedEvent(f"invalid {data['kind']} event: {_describe(exc)}") from None
 
@@ -323,9 +339,13 @@ def decode_jsonl(lines: str | bytes | Iterable[str | bytes]) -> DecodedStream:
 
     Blank lines are skipped. A stream from a newer writer thus yields the events
     this reader understands plus one ``UnknownEventVersion`` per newer line.
+    Lines end at ``\n`` only (a ``\r`` before it is JSON whitespace): JSON text may
+    hold U+2028, U+2029 or U+0085 unescaped, which ``str.splitlines`` would split on.
     """
-    if isinstance(lines, str | bytes):
-        lines = lines.splitlines()
+    if isinstance(lines, str):
+        lines = lines.split("\n")
+    elif isinstance(lines, bytes):
+        lines = lines.split(b"\n")
     result = DecodedStream()
     for number, line in enumerate(lines, start=1):
         if not line.strip():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar, Token
 from typing import Self
 
@@ -68,8 +68,13 @@ class Session(Scope):
         emitter: Emitter | None = None,
     ) -> None:
         self._given_id = session_id
-        self.session_id = _check_id(session_id, "session_id") if session_id else new_id()
+        # ``is not None``: an empty id is invalid, not a request for a random one.
+        self.session_id = (
+            _check_id(session_id, "session_id") if session_id is not None else new_id()
+        )
         self.agent = agent
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise ValueError("session metadata must map strings to strings")
         self.metadata = dict(metadata or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.metadata.items()):
             raise ValueError("session metadata must map strings to strings")
@@ -104,22 +109,23 @@ class Session(Scope):
         self.emit(
             SessionEnd(
                 session_id=self.session_id,
-                status=status,  # type: ignore[arg-type]
+                status=status,
                 error=error,
                 turns=self.turns,
                 duration_s=(time.monotonic_ns() - self._started_ns) / 1e9,
             )
         )
-        try:
+        # Closed from another context (e.g. a generator finalised elsewhere): the
+        # context that opened it is gone, nothing to restore.
+        with contextlib.suppress(ValueError):
             _CURRENT.reset(self._token)
-        except ValueError:
-            # Closed from another context (e.g. a generator finalised elsewhere):
-            # the context that opened it is gone, nothing to restore.
-            pass
 
     @contextlib.contextmanager
     def attach(self) -> Iterator[Self]:
         """Make this (already started) session current in another thread or task."""
+        if self._started_ns is None or self._ended:
+            state = "has ended" if self._ended else "has not started"
+            raise RuntimeError(f"cannot attach to session {self.session_id}: it {state}")
         token = _CURRENT.set(self)
         try:
             yield self
@@ -149,7 +155,8 @@ class Session(Scope):
         return self.turns - 1 if self.turns else None
 
     def note_tool_result(self) -> None:
-        self._tool_result_pending = True
+        with self._lock:
+            self._tool_result_pending = True
 
 
 session = Session

@@ -16,7 +16,9 @@ class MemorySink:
         pass
 
     def of_session(self, session_id: str) -> list[Event]:
-        return [e for e in self.events if isinstance(e, SessionEvent) and e.session_id == session_id]
+        return [
+            e for e in self.events if isinstance(e, SessionEvent) and e.session_id == session_id
+        ]
 
     def kinds(self, session_id: str | None = None) -> list[str]:
         events = self.events if session_id is None else self.of_session(session_id)

@@ -1,0 +1,85 @@
+"""OpenAI-client integration: ``instrument_openai(client)``.
+
+Patches the client's ``chat.completions.create`` and ``completions.create`` so
+every call made inside an agentmars session carries the session metadata
+(``request.begin_call``) and records submit and end; streams are returned
+wrapped so the first token and the end are recorded as the caller reads them
+(a whole response shows no first-token time to the client, so none is emitted).
+Calls outside a session pass through untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import openai
+
+from agentmars.sdk.integrations.request import (
+    RecordedAsyncStream,
+    RecordedStream,
+    begin_call,
+    finish_call,
+)
+
+Client = TypeVar("Client", openai.OpenAI, openai.AsyncOpenAI)
+_MARK = "_agentmars_instrumented"
+
+
+def _wrap_sync(create: Callable[..., Any], operation: Literal["chat", "text_completion"]) -> Any:
+    @functools.wraps(create)
+    def recorded_create(*args: Any, **kwargs: Any) -> Any:
+        call = begin_call(kwargs, operation)
+        if call is None:
+            return create(*args, **kwargs)
+        try:
+            response = create(*args, **kwargs)
+        except BaseException as exc:
+            finish_call(call, exc)
+            raise
+        if isinstance(response, openai.Stream):
+            return RecordedStream(response, call)
+        call.record_response(response)
+        call.end()
+        return response
+
+    return recorded_create
+
+
+def _wrap_async(create: Callable[..., Any], operation: Literal["chat", "text_completion"]) -> Any:
+    @functools.wraps(create)
+    async def recorded_create(*args: Any, **kwargs: Any) -> Any:
+        call = begin_call(kwargs, operation)
+        if call is None:
+            return await create(*args, **kwargs)
+        try:
+            response = await create(*args, **kwargs)
+        except BaseException as exc:
+            finish_call(call, exc)
+            raise
+        if isinstance(response, openai.AsyncStream):
+            return RecordedAsyncStream(response, call)
+        call.record_response(response)
+        call.end()
+        return response
+
+    return recorded_create
+
+
+def instrument_openai(client: Client) -> Client:
+    """Instrument an ``openai.OpenAI`` or ``openai.AsyncOpenAI`` client in place
+    (idempotent) and return it."""
+    if not isinstance(client, openai.OpenAI | openai.AsyncOpenAI):
+        raise TypeError(
+            f"instrument_openai expects an openai.OpenAI or openai.AsyncOpenAI client, "
+            f"got {type(client).__name__}"
+        )
+    if getattr(client, _MARK, False):
+        return client
+    wrap = _wrap_async if isinstance(client, openai.AsyncOpenAI) else _wrap_sync
+    chat, text = client.chat.completions, client.completions
+    chat.create = wrap(chat.create, "chat")  # type: ignore[method-assign]
+    text.create = wrap(text.create, "text_completion")  # type: ignore[method-assign]
+    setattr(client, _MARK, True)
+    return client

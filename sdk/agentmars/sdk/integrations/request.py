@@ -1,0 +1,200 @@
+"""What every LLM-client integration does to a request, once.
+
+``begin_call`` opens an ``LLMCall`` for the current session from the request's
+keyword arguments (model, stream, max_tokens, tools, messages) and writes the
+session metadata into them; ``RecordedStream`` / ``RecordedAsyncStream``
+record first token and end while the caller consumes a stream. The OpenAI
+and LiteLLM integrations only adapt these to their client's call style.
+
+Wire contract (vLLM 0.32 reads all three, see shared notes on the plugin):
+header ``X-Session-ID``; body ``session_id``; body ``vllm_xargs`` with
+``session_id``, ``turn``, ``follows_tool`` and ``expects_tool`` (0/1 ints:
+vLLM's extra_args take str / int / float only). Values the caller already put
+in ``vllm_xargs`` are kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any, Literal
+
+from agentmars.sdk.calls import LLMCall, read_field
+from agentmars.sdk.scope import outcome_of
+from agentmars.sdk.session import current_session
+
+SESSION_HEADER = "X-Session-ID"
+CHARS_PER_TOKEN = 4
+"""Client-side prompt projection (our choice: ~4 characters per token for
+English and code with BPE tokenizers); the gateway replaces it with the
+engine tokenizer's exact count."""
+
+
+def project_prompt_tokens(kwargs: Mapping[str, Any]) -> int | None:
+    """A cheap estimate of the prompt's tokens from messages or prompt text."""
+    if "messages" in kwargs:
+        text = json.dumps(kwargs["messages"], default=str, ensure_ascii=False)
+    elif "prompt" in kwargs:
+        text = str(kwargs["prompt"])
+    else:
+        return None
+    return max(1, len(text) // CHARS_PER_TOKEN)
+
+
+def _last_role(messages: Any) -> str | None:
+    if not messages:
+        return None
+    last = messages[-1]
+    role = last.get("role") if isinstance(last, Mapping) else getattr(last, "role", None)
+    return role if isinstance(role, str) else None
+
+
+def _expects_tool(kwargs: Mapping[str, Any]) -> bool:
+    return bool(kwargs.get("tools")) and kwargs.get("tool_choice") != "none"
+
+
+def begin_call(
+    kwargs: dict[str, Any], operation: Literal["chat", "text_completion"]
+) -> LLMCall | None:
+    """Open (submit) an LLM call for the current session and inject its metadata into
+    ``kwargs``; returns None, leaving ``kwargs`` untouched, outside any session."""
+    if current_session() is None:
+        return None
+    max_tokens = kwargs.get("max_tokens", kwargs.get("max_completion_tokens"))
+    call = LLMCall(
+        str(kwargs.get("model")) if kwargs.get("model") is not None else None,
+        operation=operation,
+        stream=bool(kwargs.get("stream")),
+        projected_prompt_tokens=project_prompt_tokens(kwargs),
+        max_tokens=max_tokens if isinstance(max_tokens, int) and max_tokens >= 0 else None,
+        # A tool result at the end of the context is the authoritative marker;
+        # without one the session's own tool bookkeeping decides.
+        follows_tool=True if _last_role(kwargs.get("messages")) in ("tool", "function") else None,
+        expects_tool=_expects_tool(kwargs),
+    ).submit()
+    inject_metadata(kwargs, call)
+    return call
+
+
+def inject_metadata(kwargs: dict[str, Any], call: LLMCall) -> None:
+    """Merge the call's session metadata into ``extra_headers`` / ``extra_body``."""
+    assert call.session is not None and call.turn is not None
+    session_id = call.session.session_id
+    headers = dict(kwargs.get("extra_headers") or {})
+    headers[SESSION_HEADER] = session_id
+    body = dict(kwargs.get("extra_body") or {})
+    body["session_id"] = session_id
+    body["vllm_xargs"] = {
+        **(body.get("vllm_xargs") or {}),
+        "session_id": session_id,
+        "turn": call.turn,
+        "follows_tool": int(call.follows_tool),
+        "expects_tool": int(call.expects_tool),
+    }
+    kwargs["extra_headers"] = headers
+    kwargs["extra_body"] = body
+
+
+def _carries_output(chunk: Any) -> bool:
+    """A chunk with generated content or a tool call marks the first token (a bare
+    role chunk or a usage-only chunk does not)."""
+    for choice in read_field(chunk, "choices") or ():
+        if read_field(choice, "text"):
+            return True
+        delta = read_field(choice, "delta")
+        if any(read_field(delta, k) for k in ("content", "tool_calls", "reasoning_content")):
+            return True
+    return False
+
+
+def observe_chunk(call: LLMCall, chunk: Any) -> None:
+    if _carries_output(chunk):
+        call.first_token()
+    call.record_response(chunk)
+
+
+def finish_call(call: LLMCall, exc: BaseException | None) -> None:
+    status, error = outcome_of(exc)
+    call.end(status, error)  # type: ignore[arg-type]
+
+
+class RecordedStream:
+    """Wraps a client's sync stream: the first content chunk records the first token,
+    exhaustion records the end (with the usage the chunks carried), an error or an
+    early ``close()`` records it as error / cancelled. Everything else is delegated."""
+
+    def __init__(self, stream: Any, call: LLMCall) -> None:
+        self._stream = stream
+        self._iterator: Iterator[Any] = iter(stream)
+        self._call = call
+
+    def __iter__(self) -> RecordedStream:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            chunk = next(self._iterator)
+        except StopIteration:
+            self._call.end()
+            raise
+        except BaseException as exc:
+            finish_call(self._call, exc)
+            raise
+        observe_chunk(self._call, chunk)
+        return chunk
+
+    def close(self) -> None:
+        self._call.end("cancelled", "stream closed before its end")
+        close = getattr(self._stream, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> RecordedStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class RecordedAsyncStream:
+    """The async counterpart of ``RecordedStream``."""
+
+    def __init__(self, stream: Any, call: LLMCall) -> None:
+        self._stream = stream
+        self._iterator: AsyncIterator[Any] = stream.__aiter__()
+        self._call = call
+
+    def __aiter__(self) -> RecordedAsyncStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            chunk = await self._iterator.__anext__()
+        except StopAsyncIteration:
+            self._call.end()
+            raise
+        except BaseException as exc:
+            finish_call(self._call, exc)
+            raise
+        observe_chunk(self._call, chunk)
+        return chunk
+
+    async def close(self) -> None:
+        self._call.end("cancelled", "stream closed before its end")
+        for name in ("close", "aclose"):
+            close = getattr(self._stream, name, None)
+            if close is not None:
+                await close()
+                return
+
+    async def __aenter__(self) -> RecordedAsyncStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

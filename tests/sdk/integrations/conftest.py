@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import os
+
+# Before litellm is first imported: its cost map would be fetched from the internet.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from agentmars import sdk
+from agentmars.server.background import serve_in_thread
+from agentmars.server.scripted_llm import ScriptedLatency, create_scripted_llm_app
+
+# Latency the scripted server models; the recorded timings must reflect it.
+LATENCY = ScriptedLatency(first_token_s=0.05, per_token_s=0.01)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "run", "parameters": {"type": "object", "properties": {}}},
+    }
+]
+
+
+@dataclass
+class LLMServer:
+    url: str
+    app: object
+
+    @property
+    def requests(self) -> list:
+        return self.app.state.requests  # type: ignore[attr-defined, no-any-return]
+
+
+@pytest.fixture(scope="module")
+def llm_server() -> Iterator[LLMServer]:
+    app = create_scripted_llm_app(LATENCY)
+    with serve_in_thread(app) as url:
+        yield LLMServer(url, app)
+
+
+@pytest.fixture
+def events() -> sdk.MemorySink:
+    return sdk.MemorySink()
+
+
+@pytest.fixture
+def emitter(events: sdk.MemorySink) -> sdk.Emitter:
+    return sdk.Emitter([events])
+
+
+def assert_call_recorded(
+    sink: sdk.MemorySink, session_id: str, *, streamed: bool, n_tokens: int
+) -> None:
+    """The call's events are submit -> (first token) -> end with timings that
+    reflect the server's modelled latency."""
+    calls = [e for e in sink.of_session(session_id) if e.kind.startswith("llm_")]
+    expected = ["llm_submit", *(["llm_first_token"] if streamed else []), "llm_end"]
+    assert [e.kind for e in calls] == expected
+    submit, end = calls[0], calls[-1]
+    assert len({e.call_id for e in calls}) == 1
+    assert end.status == "ok"
+    assert end.duration_s == pytest.approx((end.mono_ns - submit.mono_ns) / 1e9)
+    generation = LATENCY.first_token_s + LATENCY.per_token_s * (n_tokens - 1)
+    assert end.duration_s >= generation
+    if streamed:
+        first = calls[1]
+        assert submit.mono_ns < first.mono_ns < end.mono_ns
+        assert first.ttft_s >= LATENCY.first_token_s
+        assert first.ttft_s < end.duration_s
+        # The first chunk can be read late (socket buffering), so allow one interval.
+        assert (end.mono_ns - first.mono_ns) / 1e9 >= LATENCY.per_token_s * (n_tokens - 2)
