@@ -3,11 +3,10 @@
 ``bench_emission`` times every event boundary of an LLM call and a tool call
 inside a session (SDK to a ``MemorySink``) against a no-op Python call with
 the same arguments. ``bench_http_sink`` pushes events through ``HttpSink`` to
-the real collector route (``create_collector_app``, decoding into an
-``EventHub``) on loopback, against a bare ``httpx`` loop posting the same
-batches pre-serialized. Everything runs in one process, so the emitting
-thread, the sink's thread and the collector share one GIL; the baseline pays
-the same for the collector side, so the ratio isolates the sink's own cost.
+the real collector (``python -m agentmars.server.ingest``, decoding into an
+``EventHub``, in its own process) on loopback, against a bare ``httpx`` loop
+posting the same batches pre-serialized; the baseline pays the same for the
+collector side, so the ratio isolates the sink's own cost.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,8 +39,8 @@ from agentmars.sdk.events import Event, encode_jsonl
 from agentmars.sdk.session import Session
 from agentmars.sdk.sinks.http import HttpSink
 from agentmars.sdk.sinks.memory import MemorySink
-from agentmars.server.background import serve_in_thread
-from agentmars.server.ingest import EVENTS_PATH, EventHub, create_collector_app
+from agentmars.server.background import serve_in_subprocess
+from agentmars.server.ingest import EVENTS_PATH, TOKEN_ENV
 
 EMISSION_TARGET_P50_US = 20.0
 HTTP_TARGET_EVENTS_PER_S = 50_000.0
@@ -221,6 +221,10 @@ def _send_through_sink(
     }
 
 
+def _collector_count(base_url: str) -> int:
+    return int(httpx.get(base_url + "/healthz", timeout=10).json()["events"])
+
+
 def bench_http_sink(
     n: int = 200_000, batch_size: int = 1000, *, progress: ProgressFn | None = None
 ) -> dict[str, Any]:
@@ -231,20 +235,22 @@ def bench_http_sink(
     events = realistic_events(n)
     batches = [encode_jsonl(events[i : i + batch_size]).encode() for i in range(0, n, batch_size)]
     report("preparing events", n, n)
-    hub = EventHub()
-    with serve_in_thread(create_collector_app(COLLECTOR_TOKEN, hub=hub)) as base_url:
+    # The collector runs in its own process, as the gateway does in a deployment:
+    # sharing this process's GIL would charge its decoding to the sink.
+    command = [sys.executable, "-m", "agentmars.server.ingest"]
+    with serve_in_subprocess(command, env={TOKEN_ENV: COLLECTOR_TOKEN}) as base_url:
         url = base_url + EVENTS_PATH
         baseline_s = _post_batches(url, batches, report)
-        before = hub.count
+        before = _collector_count(base_url)
         sink = _send_through_sink(url, events, batch_size, report)
-        acknowledged = hub.count - before
+        acknowledged = _collector_count(base_url) - before
     delivered = sink["drained"] and sink["sent"] == n and acknowledged == n
     events_per_s = n / sink["elapsed_s"] if delivered else sink["sent"] / sink["elapsed_s"]
     baseline_per_s = n / baseline_s
     return {
         "events": n,
         "batch_size": batch_size,
-        "collector": f"create_collector_app: POST {EVENTS_PATH}, decode + EventHub",
+        "collector": f"python -m agentmars.server.ingest: POST {EVENTS_PATH}, decode + EventHub",
         "events_per_s": events_per_s,
         "baseline_events_per_s": baseline_per_s,
         "ratio": events_per_s / baseline_per_s,
@@ -295,7 +301,7 @@ def results_table(emission: dict[str, Any], http: dict[str, Any]) -> Table:
     table.caption = (
         f"emission baseline: no-op Python call with the same arguments; HttpSink baseline: "
         f"bare httpx posts of the same batches pre-serialized; collector: {http['collector']} "
-        f"(same process, loopback); delivered {http['sent']:,}/{http['events']:,}, "
+        f"(own process, loopback); delivered {http['sent']:,}/{http['events']:,}, "
         f"acknowledged {http['acknowledged']:,}, dropped {http['dropped']:,}"
     )
     return table

@@ -23,7 +23,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 SCHEMA_VERSION: Final = 1
 """Version of the event schema written by this code; readers accept 1..SCHEMA_VERSION."""
@@ -75,6 +83,14 @@ class Event(BaseModel):
     mono_ns: Count = Field(default_factory=time.monotonic_ns)
     wall_ns: Count = Field(default_factory=time.time_ns)
     source: Source = "sdk"
+
+    @field_validator("v", mode="before")
+    @classmethod
+    def _version_is_an_int(cls, value: object) -> object:
+        # Literal[1] compares by equality, which would let true and 1.0 through.
+        if type(value) is not int:
+            raise ValueError(f"schema version must be an integer, got {value!r}")
+        return value
 
     def to_json(self) -> str:
         """Compact JSON, the wire form of one event."""
@@ -282,6 +298,12 @@ def decode_event(data: str | bytes | Mapping[str, Any]) -> AnyEvent:
     ``MalformedEvent`` (with every field error spelled out) for anything else.
     """
     if isinstance(data, str | bytes):
+        # Fast path for the common case, a valid event: pydantic-core parses and
+        # validates in one pass. Anything it rejects is decoded again below to say why.
+        try:
+            return _ADAPTER.validate_json(data, strict=True)
+        except ValidationError:
+            pass
         try:
             data = json.loads(data)
         except (ValueError, RecursionError) as exc:

@@ -1,18 +1,23 @@
-"""Run an ASGI app with uvicorn on a background thread (loopback, ephemeral port).
+"""Stand up real HTTP servers on loopback for the demo, the benchmarks and the tests.
 
-Used by the demo, the benchmarks and the tests to stand up real HTTP servers
-in-process; ``serve_in_thread`` waits until the socket accepts and always stops
-the server on exit.
+``serve_in_thread`` runs an ASGI app with uvicorn on a background thread;
+``serve_in_subprocess`` runs a server command in its own process group (its
+own GIL and core). Both wait until the server answers and always stop it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import uvicorn
 
 
@@ -40,3 +45,66 @@ def serve_in_thread(
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def free_loopback_port() -> int:
+    """A port nothing listens on right now (the caller binds it soon after)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve_in_subprocess(
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    health_path: str = "/healthz",
+    startup_timeout_s: float = 30.0,
+) -> Iterator[str]:
+    """Run a server process (``argv`` plus ``--port N``) in its own process group until
+    the block ends; yields its base URL once ``health_path`` answers 200. On exit the
+    whole group gets SIGTERM, then SIGKILL if it lingers, so nothing is orphaned."""
+    port = free_loopback_port()
+    process = subprocess.Popen(
+        [*argv, "--port", str(port)],
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(process, base_url + health_path, startup_timeout_s)
+        yield base_url
+    finally:
+        _stop_group(process)
+
+
+def _wait_healthy(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=1.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                error = process.stderr.read().decode(errors="replace") if process.stderr else ""
+                raise RuntimeError(f"server exited with {process.returncode}: {error[-2000:]}")
+            try:
+                if client.get(url).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+    raise RuntimeError(f"server did not answer {url} within {timeout_s:.0f} s")
+
+
+def _stop_group(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    if process.stderr:
+        process.stderr.close()

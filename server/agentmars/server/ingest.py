@@ -263,3 +263,30 @@ def create_collector_app(
         return {"status": "ok", "events": hub.count}
 
     return app
+
+
+TOKEN_ENV = "AGENTMARS_COLLECTOR_TOKEN"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m agentmars.server.ingest``: a standalone collector process. The
+    token comes from the environment, not the command line, where ``ps`` shows it."""
+    import argparse
+    import os
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(
+        prog="python -m agentmars.server.ingest", description=main.__doc__
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback default)")
+    parser.add_argument("--port", type=int, default=8766)
+    args = parser.parse_args(argv)
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        parser.error(f"set {TOKEN_ENV} to the token senders must present")
+    uvicorn.run(create_collector_app(token), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
