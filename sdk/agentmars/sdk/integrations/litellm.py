@@ -28,12 +28,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import litellm
 
-from agentmars.sdk.integrations.request import (
-    RecordedAsyncStream,
-    RecordedStream,
-    begin_call,
-    finish_call,
-)
+from agentmars.sdk.integrations.request import recorded_acall, recorded_call
 
 _ORIGINAL_COMPLETION: Callable[..., Any] = litellm.completion
 _ORIGINAL_ACOMPLETION: Callable[..., Any] = litellm.acompletion
@@ -49,39 +44,17 @@ def _named(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
 @functools.wraps(_ORIGINAL_COMPLETION)
 def completion(*args: Any, **kwargs: Any) -> Any:
     """``litellm.completion`` with session metadata and boundary events."""
-    kwargs = _named(args, kwargs)
-    call = begin_call(kwargs, "chat")
-    if call is None:
-        return _ORIGINAL_COMPLETION(**kwargs)
-    try:
-        response = _ORIGINAL_COMPLETION(**kwargs)
-    except BaseException as exc:
-        finish_call(call, exc)
-        raise
-    if isinstance(response, litellm.CustomStreamWrapper):
-        return RecordedStream(response, call)
-    call.record_response(response)
-    call.end()
-    return response
+    return recorded_call(_ORIGINAL_COMPLETION, _named(args, kwargs), "chat", _is_stream)
 
 
 @functools.wraps(_ORIGINAL_ACOMPLETION)
 async def acompletion(*args: Any, **kwargs: Any) -> Any:
     """``litellm.acompletion`` with session metadata and boundary events."""
-    kwargs = _named(args, kwargs)
-    call = begin_call(kwargs, "chat")
-    if call is None:
-        return await _ORIGINAL_ACOMPLETION(**kwargs)
-    try:
-        response = await _ORIGINAL_ACOMPLETION(**kwargs)
-    except BaseException as exc:
-        finish_call(call, exc)
-        raise
-    if isinstance(response, litellm.CustomStreamWrapper):
-        return RecordedAsyncStream(response, call)
-    call.record_response(response)
-    call.end()
-    return response
+    return await recorded_acall(_ORIGINAL_ACOMPLETION, _named(args, kwargs), "chat", _is_stream)
+
+
+def _is_stream(response: Any) -> bool:
+    return isinstance(response, litellm.CustomStreamWrapper)
 
 
 def instrument_litellm() -> None:

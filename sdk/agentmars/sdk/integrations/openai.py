@@ -12,59 +12,34 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import openai
 
-from agentmars.sdk.integrations.request import (
-    RecordedAsyncStream,
-    RecordedStream,
-    begin_call,
-    finish_call,
-)
+from agentmars.sdk.integrations.request import Operation, recorded_acall, recorded_call
 
 Client = TypeVar("Client", openai.OpenAI, openai.AsyncOpenAI)
 _MARK = "_agentmars_instrumented"
 
 
-def _wrap_sync(create: Callable[..., Any], operation: Literal["chat", "text_completion"]) -> Any:
+def _wrap_sync(create: Callable[..., Any], operation: Operation) -> Any:
     @functools.wraps(create)
-    def recorded_create(*args: Any, **kwargs: Any) -> Any:
-        call = begin_call(kwargs, operation)
-        if call is None:
-            return create(*args, **kwargs)
-        try:
-            response = create(*args, **kwargs)
-        except BaseException as exc:
-            finish_call(call, exc)
-            raise
-        if isinstance(response, openai.Stream):
-            return RecordedStream(response, call)
-        call.record_response(response)
-        call.end()
-        return response
+    def recorded_create(**kwargs: Any) -> Any:  # the client's create() is keyword-only
+        return recorded_call(create, kwargs, operation, _is_stream)
 
     return recorded_create
 
 
-def _wrap_async(create: Callable[..., Any], operation: Literal["chat", "text_completion"]) -> Any:
+def _wrap_async(create: Callable[..., Any], operation: Operation) -> Any:
     @functools.wraps(create)
-    async def recorded_create(*args: Any, **kwargs: Any) -> Any:
-        call = begin_call(kwargs, operation)
-        if call is None:
-            return await create(*args, **kwargs)
-        try:
-            response = await create(*args, **kwargs)
-        except BaseException as exc:
-            finish_call(call, exc)
-            raise
-        if isinstance(response, openai.AsyncStream):
-            return RecordedAsyncStream(response, call)
-        call.record_response(response)
-        call.end()
-        return response
+    async def recorded_create(**kwargs: Any) -> Any:
+        return await recorded_acall(create, kwargs, operation, _is_stream)
 
     return recorded_create
+
+
+def _is_stream(response: Any) -> bool:
+    return isinstance(response, openai.Stream | openai.AsyncStream)
 
 
 def instrument_openai(client: Client) -> Client:

@@ -16,13 +16,15 @@ in ``vllm_xargs`` are kept.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from agentmars.sdk.calls import LLMCall, read_field
 from agentmars.sdk.scope import outcome_of
 from agentmars.sdk.session import current_session
 
+Operation = Literal["chat", "text_completion"]
+IsStream = Callable[[Any], bool]
 SESSION_HEADER = "X-Session-ID"
 CHARS_PER_TOKEN = 4
 """Client-side prompt projection (our choice: ~4 characters per token for
@@ -53,9 +55,7 @@ def _expects_tool(kwargs: Mapping[str, Any]) -> bool:
     return bool(kwargs.get("tools")) and kwargs.get("tool_choice") != "none"
 
 
-def begin_call(
-    kwargs: dict[str, Any], operation: Literal["chat", "text_completion"]
-) -> LLMCall | None:
+def begin_call(kwargs: dict[str, Any], operation: Operation) -> LLMCall | None:
     """Open (submit) an LLM call for the current session and inject its metadata into
     ``kwargs``; returns None, leaving ``kwargs`` untouched, outside any session."""
     if current_session() is None:
@@ -105,6 +105,47 @@ def _carries_output(chunk: Any) -> bool:
         if any(read_field(delta, k) for k in ("content", "tool_calls", "reasoning_content")):
             return True
     return False
+
+
+def recorded_call(
+    create: Callable[..., Any], kwargs: dict[str, Any], operation: Operation, is_stream: IsStream
+) -> Any:
+    """Run a client's sync ``create(**kwargs)`` as a recorded LLM call of the current
+    session (untouched outside one); a stream comes back wrapped to record as read."""
+    call = begin_call(kwargs, operation)
+    if call is None:
+        return create(**kwargs)
+    try:
+        response = create(**kwargs)
+    except BaseException as exc:
+        finish_call(call, exc)
+        raise
+    return RecordedStream(response, call) if is_stream(response) else _whole(call, response)
+
+
+async def recorded_acall(
+    create: Callable[..., Awaitable[Any]],
+    kwargs: dict[str, Any],
+    operation: Operation,
+    is_stream: IsStream,
+) -> Any:
+    """The async counterpart of ``recorded_call``."""
+    call = begin_call(kwargs, operation)
+    if call is None:
+        return await create(**kwargs)
+    try:
+        response = await create(**kwargs)
+    except BaseException as exc:
+        finish_call(call, exc)
+        raise
+    return RecordedAsyncStream(response, call) if is_stream(response) else _whole(call, response)
+
+
+def _whole(call: LLMCall, response: Any) -> Any:
+    # A whole response shows no first-token time to the client: none is recorded.
+    call.record_response(response)
+    call.end()
+    return response
 
 
 def observe_chunk(call: LLMCall, chunk: Any) -> None:
