@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTHON  ?= $(shell scripts/find-python.sh)
 # Packages of the core that mypy checks strictly (the rest is linted).
-MYPY_CORE := sdk/agentmars/sdk server/agentmars/server cli/agentmars
+MYPY_CORE := sdk/agentmars/sdk sandbox/agentmars/sandbox server/agentmars/server cli/agentmars
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: help env test lint typecheck pytest demo bench lock clean

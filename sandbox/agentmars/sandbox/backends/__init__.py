@@ -1,0 +1,1 @@
+"""Where a slot's commands run: ``process`` (bubblewrap) or ``docker``."""
