@@ -45,6 +45,7 @@ demo: env
 
 bench: env
 	$(BIN)/agentmars bench sdk --json out/bench-sdk.json
+	$(BIN)/agentmars bench sandbox --json out/bench-sandbox.json
 
 # Re-resolve the pinned versions after changing dependencies in pyproject.toml.
 lock:

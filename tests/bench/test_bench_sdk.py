@@ -7,13 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agentmars.bench.sdk import (
-    bench_emission,
-    bench_http_sink,
-    percentiles_us,
-    realistic_events,
-    run,
-)
+from agentmars.bench.report import percentiles_us
+from agentmars.bench.sdk import bench_emission, bench_http_sink, realistic_events, run
 from agentmars.sdk.events import SessionEvent
 
 

@@ -12,27 +12,24 @@ collector side, so the ratio isolates the sink's own cost.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
+from agentmars.bench.report import (
+    ProgressFn,
+    ignore_progress,
+    percentiles_us,
+    progress_bars,
+    publish,
+    verdict,
+)
 from agentmars.sdk.calls import LLMCall, ToolCall
 from agentmars.sdk.emitter import Emitter
 from agentmars.sdk.events import Event, encode_jsonl
@@ -47,9 +44,6 @@ HTTP_TARGET_EVENTS_PER_S = 50_000.0
 COLLECTOR_TOKEN = "agentmars-bench"  # a loopback collector that lives for one run
 WARMUP_TURNS = 200
 DELIVERY_TIMEOUT_S = 120.0
-
-ProgressFn = Callable[[str, int, int], None]
-"""Progress report: (phase, done, total)."""
 
 LLM_ARGS: dict[str, Any] = {
     "model": "qwen2.5-coder-7b",
@@ -67,20 +61,6 @@ USAGE: dict[str, Any] = {
     "ended_in_tool_call": True,
 }
 EVENTS_PER_TURN = 6
-
-
-def _ignore_progress(phase: str, done: int, total: int) -> None:
-    """Progress sink for callers that show none."""
-
-
-def percentiles_us(samples_ns: list[int]) -> dict[str, float]:
-    """p50 / p90 / p99 (nearest rank) and mean of nanosecond samples, in microseconds."""
-    ordered = sorted(samples_ns)
-    figures = {
-        f"p{q}": ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)] / 1000 for q in (50, 90, 99)
-    }
-    figures["mean"] = sum(ordered) / len(ordered) / 1000
-    return figures
 
 
 def _noop(**kwargs: Any) -> None:
@@ -121,7 +101,7 @@ def bench_emission(n: int = 200_000, *, progress: ProgressFn | None = None) -> d
     """Per-event cost of recording LLM and tool boundaries in a session (to a
     ``MemorySink``), against a no-op call with the same arguments; p50/p90/p99 in µs.
     Building the call objects is not timed: only the calls that emit an event are."""
-    report = progress or _ignore_progress
+    report = progress or ignore_progress
     turns = max(1, math.ceil(n / EVENTS_PER_TURN))
     sink = MemorySink()
     sdk_ns: list[int] = []
@@ -230,7 +210,7 @@ def bench_http_sink(
 ) -> dict[str, Any]:
     """Events/s through ``HttpSink`` until the real collector route acknowledged all
     ``n``, against a bare ``httpx`` post loop sending the same batches pre-serialized."""
-    report = progress or _ignore_progress
+    report = progress or ignore_progress
     report("preparing events", 0, n)
     events = realistic_events(n)
     batches = [encode_jsonl(events[i : i + batch_size]).encode() for i in range(0, n, batch_size)]
@@ -270,10 +250,6 @@ def bench_http_sink(
 # --- presentation -------------------------------------------------------------------
 
 
-def _verdict(passed: bool) -> str:
-    return "[green]pass[/green]" if passed else "[red]FAIL[/red]"
-
-
 def results_table(emission: dict[str, Any], http: dict[str, Any]) -> Table:
     """The figures beside their baselines, ratios and targets."""
     table = Table(title="agentmars bench sdk")
@@ -288,7 +264,7 @@ def results_table(emission: dict[str, Any], http: dict[str, Any]) -> Table:
             f"{bare[q]:.2f}",
             f"{sdk[q] / bare[q]:.1f}x",
             f"<= {emission['target_p50_us']:g} µs" if is_target else "",
-            _verdict(emission["passed"]) if is_target else "",
+            verdict(emission["passed"]) if is_target else "",
         )
     table.add_row(
         f"HttpSink throughput (events/s, n={http['events']:,}, batch={http['batch_size']})",
@@ -296,7 +272,7 @@ def results_table(emission: dict[str, Any], http: dict[str, Any]) -> Table:
         f"{http['baseline_events_per_s']:,.0f}",
         f"{http['ratio']:.2f}x",
         f">= {http['target_events_per_s']:,.0f}/s",
-        _verdict(http["passed"]),
+        verdict(http["passed"]),
     )
     table.caption = (
         f"emission baseline: no-op Python call with the same arguments; HttpSink baseline: "
@@ -307,35 +283,11 @@ def results_table(emission: dict[str, Any], http: dict[str, Any]) -> Table:
     return table
 
 
-class _RichProgress:
-    """Maps benchmark phases onto rich progress bars, one per phase."""
-
-    def __init__(self, progress: Progress) -> None:
-        self._progress = progress
-        self._tasks: dict[str, TaskID] = {}
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        if phase not in self._tasks:
-            self._tasks[phase] = self._progress.add_task(phase, total=total)
-        self._progress.update(self._tasks[phase], completed=done, total=total)
-
-
 def run(n_events: int, http_events: int, json_out: Path | None) -> dict[str, Any]:
     """Run both benchmarks, print the table, optionally write the figures as JSON."""
-    console = Console()
-    columns = (
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console) as progress:
-        report = _RichProgress(progress)
+    with progress_bars() as report:
         emission = bench_emission(n_events, progress=report)
         http = bench_http_sink(http_events, progress=report)
-    console.print(results_table(emission, http))
-    results = {"emission": emission, "http_sink": http}
-    if json_out is not None:
-        json_out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    return results
+    return publish(
+        results_table(emission, http), {"emission": emission, "http_sink": http}, json_out
+    )

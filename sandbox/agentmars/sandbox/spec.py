@@ -23,6 +23,10 @@ class SandboxError(Exception):
     """A request the sandbox cannot serve (bad input, unknown session, pool closed)."""
 
 
+class UnknownSession(SandboxError):
+    """The session has no workspace in this pool (never opened, or closed)."""
+
+
 def check_session_id(session_id: str) -> str:
     """Session ids name workspace directories: 1-128 characters of [A-Za-z0-9._-],
     not starting with a dot or dash (so never ``..`` or an option)."""

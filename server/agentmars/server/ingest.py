@@ -9,7 +9,6 @@ resend the whole batch without creating duplicates.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import threading
@@ -22,6 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from agentmars.sdk.auth import UNAUTHORISED, bearer_matches, check_token
 from agentmars.sdk.events import (
     AnyEvent,
     DecodedStream,
@@ -156,17 +156,8 @@ def decode_batch(body: bytes) -> list[AnyEvent]:
 
 
 def _check_bearer(request: Request, expected: bytes) -> None:
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    # Headers arrive latin-1 decoded; comparing bytes keeps compare_digest from
-    # raising on non-ASCII input and stays constant-time.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        given.strip().encode("latin-1"), expected
-    ):
-        raise HTTPException(
-            status_code=401,
-            detail="missing or invalid bearer token: send 'Authorization: Bearer <token>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+    if not bearer_matches(request.headers.get("authorization", ""), expected):
+        raise HTTPException(401, UNAUTHORISED, headers={"WWW-Authenticate": "Bearer"})
 
 
 def _too_large(limit: int) -> HTTPException:
@@ -207,17 +198,11 @@ def _ingest(hub: EventHub, body: bytes) -> int:
     return len(events)
 
 
-def _check_token(token: str) -> bytes:
-    if not token or not token.isascii() or not token.isprintable() or " " in token:
-        raise ValueError("token must be a non-empty string of printable ASCII without spaces")
-    return token.encode("ascii")
-
-
 def ingest_router(
     hub: EventHub, token: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 ) -> APIRouter:
     """``POST /v1/events``: authenticated, size-limited, all-or-nothing batch ingestion."""
-    expected = _check_token(token)
+    expected = check_token(token)
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     router = APIRouter()

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from agentmars.sdk.auth import check_token
 from agentmars.sdk.events import Event, encode_jsonl
 
 log = logging.getLogger("agentmars.sdk")
@@ -73,15 +74,6 @@ def _check_seconds(name: str, value: float, *, allow_zero: bool) -> None:
     if isinstance(value, bool) or not ok or math.isinf(value):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
-
-
-def _check_token(token: str | None) -> str | None:
-    # A bearer token travels in a header: no spaces, control or non-ASCII characters.
-    if token is not None and (
-        not token or not token.isascii() or not token.isprintable() or " " in token
-    ):
-        raise ValueError("token must be a non-empty string of printable ASCII without spaces")
-    return token
 
 
 def _classify(status_code: int) -> _Outcome:
@@ -139,7 +131,8 @@ class HttpSink:
         self._max_retries = max_retries
         self._backoff_s = backoff_s
         self._headers = {"content-type": JSONL_CONTENT_TYPE}
-        if _check_token(token) is not None:
+        if token is not None:
+            check_token(token)
             self._headers["authorization"] = f"Bearer {token}"
         self._owns_client = client is None
         self._client = client or httpx.Client(timeout=timeout_s)

@@ -1,0 +1,79 @@
+"""What every benchmark shares: percentiles, progress bars, the verdict, output."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+ProgressFn = Callable[[str, int, int], None]
+"""Progress report: (phase, done, total)."""
+
+
+def ignore_progress(phase: str, done: int, total: int) -> None:
+    """Progress sink for callers that show none."""
+
+
+def percentiles_us(samples_ns: list[int]) -> dict[str, float]:
+    """p50 / p90 / p99 (nearest rank) and mean of nanosecond samples, in microseconds."""
+    ordered = sorted(samples_ns)
+    figures = {
+        f"p{q}": ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)] / 1000 for q in (50, 90, 99)
+    }
+    figures["mean"] = sum(ordered) / len(ordered) / 1000
+    return figures
+
+
+def verdict(passed: bool) -> str:
+    return "[green]pass[/green]" if passed else "[red]FAIL[/red]"
+
+
+class RichProgress:
+    """Maps benchmark phases onto rich progress bars, one per phase."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._tasks: dict[str, TaskID] = {}
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase not in self._tasks:
+            self._tasks[phase] = self._progress.add_task(phase, total=total)
+        self._progress.update(self._tasks[phase], completed=done, total=total)
+
+
+@contextlib.contextmanager
+def progress_bars() -> Iterator[ProgressFn]:
+    """Rich progress bars, one per phase, for the duration of the block."""
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console()) as progress:
+        yield RichProgress(progress)
+
+
+def publish(table: Table, results: dict[str, Any], json_out: Path | None) -> dict[str, Any]:
+    """Print the table and write the figures as JSON when asked."""
+    Console().print(table)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return results

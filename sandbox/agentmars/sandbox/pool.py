@@ -1,0 +1,332 @@
+"""The sandbox pool: per-session workspaces, slot admission, execution, events.
+
+The pool owns the policy-free mechanics of running tools on the host: a call
+is enqueued (``tool_enqueue``), waits for a slot by priority, runs in its
+slot's sandbox pinned to the slot's cores (``tool_start``, ``tool_end``), and
+every change of the active / queued counts is published as ``tool_stats``.
+Which backend runs the command (bubblewrap or docker) does not matter here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self, TypedDict
+
+from agentmars.sandbox.admission import Admission, check_priority
+from agentmars.sandbox.backends.base import Backend, Job, OutputCallback, Slot, backend_for
+from agentmars.sandbox.config import SandboxConfig
+from agentmars.sandbox.pressure import ToolPressure
+from agentmars.sandbox.spec import (
+    ExecResult,
+    ExecSpec,
+    SandboxError,
+    UnknownSession,
+    check_session_id,
+)
+from agentmars.sdk.emitter import Emitter, default_emitter
+from agentmars.sdk.events import ToolEnd, ToolEnqueue, ToolStart, ToolStats, clock, new_id
+
+log = logging.getLogger("agentmars.sandbox")
+
+
+class _CallIds(TypedDict):
+    session_id: str
+    call_id: str
+    turn: int | None
+    tool: str
+
+
+def _check_tool(tool: str) -> str:
+    if not isinstance(tool, str) or not 1 <= len(tool) <= 256:
+        raise SandboxError("tool must be a non-empty name of at most 256 characters")
+    return tool
+
+
+class SandboxPool:
+    """Runs tool commands for sessions in isolated, CPU-pinned slots.
+
+    Use as ``async with SandboxPool(config) as pool``; ``pool.warnings`` lists the
+    isolation the backend could not provide on this host.
+    """
+
+    def __init__(
+        self,
+        config: SandboxConfig | None = None,
+        *,
+        emitter: Emitter | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        self.config = config or SandboxConfig()
+        self.emitter = emitter or default_emitter()
+        self.backend = backend or backend_for(self.config.backend)
+        self.slots = [
+            Slot(i, tuple(self.config.slot_cores(i))) for i in range(self.config.resolved_slots())
+        ]
+        self.pressure = ToolPressure(alpha=self.config.exec_ema_alpha)
+        self.warnings: list[str] = []
+        self._admission = Admission(len(self.slots))
+        self._sessions: dict[str, Path] = {}
+        self._running: dict[tuple[str, str], asyncio.Event] = {}
+        self._started = False
+        self._closed = False
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> Self:
+        if self._started:
+            return self
+        self.config.workspace_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.warnings = await self.backend.start(self.config, self.slots)
+        for warning in self.warnings:
+            log.warning("sandbox: %s", warning)
+        self._started = True
+        return self
+
+    async def close(self) -> None:
+        """Interrupt running calls, stop the backend. Workspaces stay on disk."""
+        if self._closed:
+            return
+        self._closed = True
+        for cancel in self._running.values():
+            cancel.set()
+        await self.backend.close()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # --- sessions -------------------------------------------------------------------
+
+    def open_session(self, session_id: str) -> Path:
+        """Create (or reuse) the session's workspace and return its path."""
+        check_session_id(session_id)
+        workspace = self.config.workspace_root / session_id
+        workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._sessions[session_id] = workspace
+        return workspace
+
+    def workspace(self, session_id: str) -> Path:
+        check_session_id(session_id)
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise UnknownSession(
+                f"unknown session {session_id!r}: open it first (open_session)"
+            ) from None
+
+    async def close_session(self, session_id: str, *, remove_workspace: bool = True) -> None:
+        workspace = self.workspace(session_id)
+        for (owner, _), cancel in list(self._running.items()):
+            if owner == session_id:
+                cancel.set()
+        await self.backend.release_session(session_id)
+        del self._sessions[session_id]
+        if remove_workspace:
+            await asyncio.to_thread(shutil.rmtree, workspace, True)
+
+    @property
+    def sessions(self) -> list[str]:
+        return sorted(self._sessions)
+
+    # --- execution ------------------------------------------------------------------
+
+    async def run(
+        self,
+        session_id: str,
+        spec: ExecSpec,
+        *,
+        tool: str = "tool",
+        priority: int = 0,
+        call_id: str | None = None,
+        turn: int | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> ExecResult:
+        """Run ``spec`` in the session's sandbox once a slot is free; the result says
+        how it ended (a timeout or a kill is a result, not an exception). Raises
+        ``SandboxError`` for bad input, an unknown session or a closed pool."""
+        job, call_id = self._prepare(session_id, spec, tool, priority, call_id)
+        cancel = asyncio.Event()
+        key = (session_id, call_id)
+        if key in self._running:
+            raise SandboxError(f"call {call_id!r} of session {session_id!r} is already running")
+        self._running[key] = cancel
+        try:
+            return await self._run_admitted(job, tool, priority, call_id, turn, cancel, on_output)
+        finally:
+            del self._running[key]
+
+    def _prepare(
+        self, session_id: str, spec: ExecSpec, tool: str, priority: int, call_id: str | None
+    ) -> tuple[Job, str]:
+        if not self._started or self._closed:
+            raise SandboxError("the sandbox pool is not running (start it, or it was closed)")
+        _check_tool(tool)
+        try:
+            check_priority(priority)
+        except ValueError as exc:
+            raise SandboxError(str(exc)) from None
+        if call_id is not None and not (isinstance(call_id, str) and 1 <= len(call_id) <= 256):
+            raise SandboxError("call_id must be a non-empty string of at most 256 characters")
+        job = Job(
+            session_id=session_id,
+            workspace=self.workspace(session_id),
+            spec=spec,
+            timeout_s=spec.timeout_s or self.config.default_timeout_s,
+            output_cap_bytes=(
+                spec.output_cap_bytes
+                if spec.output_cap_bytes is not None
+                else self.config.output_cap_bytes
+            ),
+        )
+        return job, call_id or new_id()[:16]
+
+    async def _run_admitted(
+        self,
+        job: Job,
+        tool: str,
+        priority: int,
+        call_id: str,
+        turn: int | None,
+        cancel: asyncio.Event,
+        on_output: OutputCallback | None,
+    ) -> ExecResult:
+        ids = _CallIds(session_id=job.session_id, call_id=call_id, turn=turn, tool=tool)
+        enqueued = clock()
+        self._emit(ToolEnqueue(**ids, **enqueued, priority=priority, source="sandbox"))
+        self.pressure.queued += 1
+        self._publish_pressure()
+        try:
+            slot_index = await self._acquire_unless_cancelled(priority, cancel)
+        finally:
+            self.pressure.queued -= 1
+        if slot_index is None:
+            return self._cancelled_in_queue(ids, enqueued["mono_ns"])
+        started = clock()
+        queue_wait_s = (started["mono_ns"] - enqueued["mono_ns"]) / 1e9
+        self._emit(ToolStart(**ids, **started, queue_wait_s=queue_wait_s, source="sandbox"))
+        self.pressure.active += 1
+        self._publish_pressure()
+        result: ExecResult | None = None
+        try:
+            result = await self.backend.execute(
+                self.slots[slot_index], job, cancel=cancel, on_output=on_output
+            )
+            result = result.model_copy(update={"queue_wait_s": queue_wait_s})
+            return result
+        finally:
+            self._admission.release(slot_index)
+            self.pressure.active -= 1
+            self._finish(ids, started["mono_ns"], result)
+
+    async def _acquire_unless_cancelled(self, priority: int, cancel: asyncio.Event) -> int | None:
+        acquire = asyncio.ensure_future(self._admission.acquire(priority))
+        interrupted = asyncio.ensure_future(cancel.wait())
+        try:
+            await asyncio.wait({acquire, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            interrupted.cancel()
+            if not acquire.done():
+                acquire.cancel()  # Admission hands a just-granted slot on
+                await asyncio.wait({acquire})
+        if acquire.cancelled():
+            return None
+        slot = acquire.result()
+        if cancel.is_set():
+            self._admission.release(slot)
+            return None
+        return slot
+
+    def _cancelled_in_queue(self, ids: _CallIds, enqueued_ns: int) -> ExecResult:
+        ended = clock()
+        waited_s = (ended["mono_ns"] - enqueued_ns) / 1e9
+        detail = "interrupted while waiting for a slot"
+        self._emit(
+            ToolEnd(
+                **ids,
+                **ended,
+                status="cancelled",
+                error=detail,
+                source="sandbox",
+            )
+        )
+        self._publish_pressure()
+        return ExecResult(
+            status="cancelled",
+            exit_status=None,
+            stdout="",
+            stderr="",
+            wall_s=0.0,
+            queue_wait_s=waited_s,
+            backend=self.backend.name,
+            detail=detail,
+        )
+
+    def _finish(self, ids: _CallIds, started_ns: int, result: ExecResult | None) -> None:
+        ended = clock()
+        duration_s = (ended["mono_ns"] - started_ns) / 1e9
+        # No result: the backend raised (the caller gets that exception).
+        status = result.status if result else "error"
+        error = result.detail if result else "sandbox failure"
+        self.pressure.record_exec(ids["tool"], duration_s)
+        self._emit(
+            ToolEnd(
+                **ids,
+                **ended,
+                status=status,
+                exit_status=result.exit_status if result else None,
+                error=error,
+                duration_s=duration_s,
+                cpu_time_s=result.cpu_s if result else None,
+                source="sandbox",
+            )
+        )
+        self._publish_pressure()
+
+    async def interrupt(self, session_id: str, call_id: str) -> bool:
+        """Kill a running or queued call (its result: ``cancelled``); False if unknown."""
+        cancel = self._running.get((session_id, call_id))
+        if cancel is None:
+            return False
+        cancel.set()
+        return True
+
+    # --- telemetry ------------------------------------------------------------------
+
+    def _publish_pressure(self) -> None:
+        self._emit(
+            ToolStats(
+                active=self.pressure.active,
+                queued=self.pressure.queued,
+                exec_ema_s=dict(self.pressure.exec_ema_s),
+                source="sandbox",
+            )
+        )
+
+    def _emit(self, event: ToolEnqueue | ToolStart | ToolEnd | ToolStats) -> None:
+        self.emitter.emit(event)
+
+    def snapshot(self) -> dict[str, object]:
+        """Current pressure, slots and sessions (for health and metrics endpoints)."""
+        return {
+            "backend": self.backend.name,
+            "slots": [{"index": s.index, "cores": list(s.cores)} for s in self.slots],
+            "active": self.pressure.active,
+            "queued": self.pressure.queued,
+            "completed": self.pressure.completed,
+            "exec_ema_s": dict(self.pressure.exec_ema_s),
+            "sessions": len(self._sessions),
+            "warnings": list(self.warnings),
+            "at": time.time(),
+        }

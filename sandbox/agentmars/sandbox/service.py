@@ -1,0 +1,224 @@
+"""``agentmars sandbox serve``: the pool over HTTP for agents in other processes.
+
+Binds loopback by default; every endpoint but ``/healthz`` and ``/metrics``
+needs the bearer token. The pool's events (tool enqueue / start / end, tool
+pressure) feed the Prometheus metrics and, optionally, an event collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentmars.sandbox.admission import MAX_PRIORITY, MIN_PRIORITY
+from agentmars.sandbox.pool import SandboxPool
+from agentmars.sandbox.spec import ExecResult, ExecSpec, SandboxError, UnknownSession
+from agentmars.sdk.auth import UNAUTHORISED, bearer_matches, check_token
+from agentmars.sdk.events import Event, ToolEnd, ToolStart, new_id
+
+INTERRUPT_GRACE_S = 10.0
+"""How long an interrupted call may take to be killed and reaped."""
+
+
+class OpenSession(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    session_id: str
+
+
+class ExecRequest(ExecSpec):
+    """An ``ExecSpec`` plus how the call is scheduled and reported."""
+
+    tool: Annotated[str, Field(min_length=1, max_length=256)] = "tool"
+    priority: Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)] = 0
+    call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    turn: Annotated[int, Field(ge=0)] | None = None
+    stream: bool = False
+    """Answer with NDJSON: output chunks as they come, then the result."""
+
+    def spec(self) -> ExecSpec:
+        return ExecSpec(**self.model_dump(include=set(ExecSpec.model_fields)))
+
+
+class MetricsSink:
+    """Counts finished tool calls and queue waits from the pool's event stream."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter(
+            "agentmars_sandbox_tool_calls", "Finished tool calls", ["tool", "status"],
+            registry=registry,
+        )  # fmt: skip
+        self.queue_wait = Histogram(
+            "agentmars_sandbox_queue_wait_seconds", "Tool enqueue to start", registry=registry
+        )
+        self.duration = Histogram(
+            "agentmars_sandbox_tool_duration_seconds", "Tool start to end", ["tool"],
+            registry=registry,
+        )  # fmt: skip
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, ToolStart):
+            self.queue_wait.observe(event.queue_wait_s)
+        elif isinstance(event, ToolEnd):
+            self.calls.labels(event.tool, event.status).inc()
+            self.duration.labels(event.tool).observe(event.duration_s)
+
+    def close(self) -> None:
+        pass
+
+
+class PoolCollector(Collector):
+    """Gauges read from the pool at scrape time."""
+
+    def __init__(self, pool: SandboxPool) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        pressure = self.pool.pressure
+        yield GaugeMetricFamily("agentmars_sandbox_active_tools", "Tools running", pressure.active)
+        yield GaugeMetricFamily(
+            "agentmars_sandbox_queued_tools", "Tools waiting for a slot", pressure.queued
+        )
+        yield GaugeMetricFamily("agentmars_sandbox_slots", "Sandbox slots", len(self.pool.slots))
+        ema = GaugeMetricFamily(
+            "agentmars_sandbox_tool_exec_ema_seconds", "EMA of tool execution time", labels=["tool"]
+        )
+        for tool, seconds in sorted(pressure.exec_ema_s.items()):
+            ema.add_metric([tool], seconds)
+        yield ema
+
+
+def _status_for(exc: SandboxError) -> int:
+    return 404 if isinstance(exc, UnknownSession) else 400
+
+
+def create_sandbox_app(pool: SandboxPool, token: str) -> FastAPI:
+    """The service app; starts the pool on startup and closes it (killing running
+    tools) on shutdown."""
+    expected = check_token(token)
+    registry = CollectorRegistry()
+    pool.emitter.add(MetricsSink(registry))
+    registry.register(PoolCollector(pool))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.close()
+
+    app = FastAPI(title="agentmars sandbox", lifespan=lifespan)
+
+    def authorised(request: Request) -> None:
+        if not bearer_matches(request.headers.get("authorization", ""), expected):
+            raise HTTPException(401, UNAUTHORISED, headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(SandboxError)
+    async def sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:
+        return JSONResponse(status_code=_status_for(exc), content={"detail": str(exc)})
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "pid": os.getpid(), **pool.snapshot()}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    auth = [Depends(authorised)]
+
+    @app.post("/v1/sessions", status_code=201, dependencies=auth)
+    async def open_session(body: OpenSession) -> dict[str, str]:
+        return {"session_id": body.session_id, "workspace": str(pool.open_session(body.session_id))}
+
+    @app.delete("/v1/sessions/{session_id}", status_code=204, dependencies=auth)
+    async def close_session(session_id: str, keep_workspace: bool = False) -> Response:
+        await pool.close_session(session_id, remove_workspace=not keep_workspace)
+        return Response(status_code=204)
+
+    @app.post("/v1/sessions/{session_id}/exec", dependencies=auth, response_model=None)
+    async def execute(
+        session_id: str, body: ExecRequest, request: Request
+    ) -> ExecResult | StreamingResponse:
+        pool.workspace(session_id)  # 404 before anything starts
+        if body.stream:
+            return StreamingResponse(
+                _stream_exec(pool, session_id, body), media_type="application/x-ndjson"
+            )
+        return await _exec_until_disconnect(pool, session_id, body, request)
+
+    @app.post("/v1/sessions/{session_id}/calls/{call_id}/interrupt", dependencies=auth)
+    async def interrupt(session_id: str, call_id: str) -> dict[str, bool]:
+        return {"interrupted": await pool.interrupt(session_id, call_id)}
+
+    return app
+
+
+async def _exec_until_disconnect(
+    pool: SandboxPool, session_id: str, body: ExecRequest, request: Request
+) -> ExecResult:
+    """Run the call; if the client goes away first, kill it (nobody reads the result)."""
+    call_id = body.call_id or new_id()[:16]
+    run = asyncio.create_task(
+        pool.run(
+            session_id, body.spec(), tool=body.tool, priority=body.priority, call_id=call_id,
+            turn=body.turn,
+        )
+    )  # fmt: skip
+    watch = asyncio.create_task(_wait_disconnect(request))
+    try:
+        await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not run.done():
+        await pool.interrupt(session_id, call_id)
+    return await run
+
+
+async def _wait_disconnect(request: Request, poll_s: float = 0.25) -> None:
+    # Starlette reports a disconnect only when asked; polling is its documented use.
+    while not await request.is_disconnected():
+        await asyncio.sleep(poll_s)
+
+
+async def _stream_exec(pool: SandboxPool, session_id: str, body: ExecRequest) -> AsyncIterator[str]:
+    """NDJSON: ``{"stream": "stdout", "data": ...}`` per chunk, then ``{"result": ...}``.
+    A client that disconnects closes this generator, which interrupts the call."""
+    call_id = body.call_id or new_id()[:16]
+    chunks: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
+    run = asyncio.create_task(
+        pool.run(
+            session_id, body.spec(), tool=body.tool, priority=body.priority, call_id=call_id,
+            turn=body.turn, on_output=lambda stream, data: chunks.put_nowait((stream, data)),
+        )
+    )  # fmt: skip
+    run.add_done_callback(lambda _: chunks.put_nowait(None))
+    try:
+        while (item := await chunks.get()) is not None:
+            stream, data = item
+            yield json.dumps({"stream": stream, "data": data.decode(errors="replace")}) + "\n"
+        result = await run
+        yield json.dumps({"result": result.model_dump(mode="json")}) + "\n"
+    except SandboxError as exc:
+        yield json.dumps({"error": str(exc)}) + "\n"
+    finally:
+        if not run.done():
+            await pool.interrupt(session_id, call_id)
+            await asyncio.wait({run}, timeout=INTERRUPT_GRACE_S)

@@ -1,0 +1,200 @@
+"""The sandbox service and its client, as separate processes would use them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentmars.sandbox.client import SandboxClient, SandboxClientError
+from agentmars.sandbox.config import SandboxConfig
+from agentmars.sandbox.pool import SandboxPool
+from agentmars.sandbox.service import create_sandbox_app
+from agentmars.sandbox.spec import ExecSpec
+from agentmars.sdk.emitter import Emitter
+from agentmars.sdk.sinks.memory import MemorySink
+from agentmars.server.background import serve_in_subprocess, serve_in_thread
+
+TOKEN = "sandbox-test-token"
+PY = sys.executable
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[tuple[str, SandboxPool, MemorySink]]:
+    events = MemorySink()
+    pool = SandboxPool(
+        SandboxConfig(workspace_root=tmp_path / "ws", slots=2), emitter=Emitter([events])
+    )
+    with serve_in_thread(create_sandbox_app(pool, TOKEN)) as url:
+        yield url, pool, events
+
+
+@pytest.fixture
+def client(service: tuple[str, SandboxPool, MemorySink]) -> Iterator[SandboxClient]:
+    with SandboxClient(service[0], TOKEN) as sandbox:
+        yield sandbox
+
+
+def test_run_a_tool_through_the_service(client: SandboxClient, tmp_path: Path) -> None:
+    workspace = client.open_session("s1")
+    assert Path(workspace) == tmp_path / "ws" / "s1"
+    result = client.run(
+        "s1",
+        ExecSpec(
+            command=["sh", "-c", "cat; echo $GREETING; pwd"], stdin="in\n", env={"GREETING": "hi"}
+        ),
+        tool="terminal",
+        priority=3,
+        turn=1,
+    )
+    assert result.status == "ok" and result.exit_status == 0
+    assert result.stdout == f"in\nhi\n{workspace}\n"
+    assert result.slot in (0, 1) and result.cores
+    client.close_session("s1")
+    assert not Path(workspace).exists()
+
+
+def test_streaming_delivers_output_before_the_result(client: SandboxClient) -> None:
+    client.open_session("s1")
+    chunks: list[tuple[str, str]] = []
+    code = "import sys\nfor i in range(3): print(i, flush=True)\nprint('e', file=sys.stderr)"
+    result = client.run_streaming(
+        "s1", ExecSpec(command=[PY, "-c", code]), lambda s, d: chunks.append((s, d))
+    )
+    assert result.status == "ok"
+    assert "".join(d for s, d in chunks if s == "stdout") == "0\n1\n2\n"
+    assert "".join(d for s, d in chunks if s == "stderr") == "e\n"
+
+
+def test_health_and_metrics(
+    service: tuple[str, SandboxPool, MemorySink], client: SandboxClient
+) -> None:
+    url = service[0]
+    client.open_session("s1")
+    client.run("s1", ExecSpec(command=["true"]), tool="probe")
+    health = client.health()
+    assert health["status"] == "ok" and health["backend"] == "process"
+    assert [s["index"] for s in health["slots"]] == [0, 1]
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'agentmars_sandbox_tool_calls_total{status="ok",tool="probe"} 1.0' in metrics
+    assert "agentmars_sandbox_slots 2.0" in metrics
+    assert 'agentmars_sandbox_tool_exec_ema_seconds{tool="probe"}' in metrics
+
+
+def test_interrupt_over_http(client: SandboxClient) -> None:
+    client.open_session("s1")
+    spec = ExecSpec(command=[PY, "-c", "import time\nwhile True: time.sleep(0.01)"], timeout_s=30)
+    outcome: list[object] = []
+    runner = threading.Thread(target=lambda: outcome.append(client.run("s1", spec, call_id="long")))
+    runner.start()
+    while not client.interrupt("s1", "long"):
+        pass  # the call is not registered yet: ask again
+    runner.join(timeout=20)
+    assert outcome and outcome[0].status == "cancelled"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "message"),
+    [
+        ("post", "/v1/sessions/nope/exec", {"command": ["true"]}, 404, "unknown session"),
+        ("post", "/v1/sessions/s1/exec", {"command": []}, 422, "at least 1 item"),
+        ("post", "/v1/sessions/s1/exec", {"command": ["x" * 70000]}, 422, "the limit is"),
+        (
+            "post",
+            "/v1/sessions/s1/exec",
+            {"command": ["true"], "timeout_s": -1},
+            422,
+            "greater than 0",
+        ),
+        ("post", "/v1/sessions/s1/exec", {"command": ["true"], "priority": "high"}, 422, "integer"),
+        (
+            "post",
+            "/v1/sessions/s1/exec",
+            {"command": ["true"], "priority": 2**40},
+            422,
+            "less than",
+        ),
+        ("post", "/v1/sessions", {"session_id": "../x"}, 400, "invalid session id"),
+        ("post", "/v1/sessions", {"sid": "x"}, 422, "Field required"),
+        ("delete", "/v1/sessions/ghost", None, 404, "unknown session"),
+    ],
+)
+def test_bad_requests_get_4xx_with_a_message(
+    client: SandboxClient, method: str, path: str, body: object, status: int, message: str
+) -> None:
+    client.open_session("s1")
+    response = httpx.request(
+        method, client.base_url + path, json=body, headers={"authorization": f"Bearer {TOKEN}"}
+    )
+    assert response.status_code == status, response.text
+    assert message in response.text
+
+
+def test_control_endpoints_need_the_token(service: tuple[str, SandboxPool, MemorySink]) -> None:
+    url = service[0]
+    assert httpx.post(f"{url}/v1/sessions", json={"session_id": "s"}).status_code == 401
+    wrong = {"authorization": "Bearer nope"}
+    assert (
+        httpx.post(f"{url}/v1/sessions", json={"session_id": "s"}, headers=wrong).status_code == 401
+    )
+    assert httpx.get(f"{url}/healthz").status_code == 200
+    with pytest.raises(SandboxClientError) as refused:
+        SandboxClient(url, "wrong-token").open_session("s")
+    assert refused.value.status_code == 401
+
+
+def _marked_processes(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.slow
+def test_service_killed_mid_call_fails_the_call_and_leaves_nothing(tmp_path: Path) -> None:
+    """The caller gets an error, the tool dies with the service, a restarted
+    service serves again."""
+    marker = f"agentmars-fault-{uuid.uuid4().hex}"
+    workspaces = str(tmp_path / "ws")
+    command = [PY, "-m", "agentmars.cli.main", "sandbox", "serve", "--workspace-root", workspaces]
+    env = {"AGENTMARS_SANDBOX_TOKEN": TOKEN}
+    spec = ExecSpec(command=[PY, "-c", f"import time  # {marker}\nwhile True: time.sleep(0.01)"])
+    outcome: list[BaseException | object] = []
+    with serve_in_subprocess(command, env=env) as url, SandboxClient(url, TOKEN) as sandbox:
+        sandbox.open_session("s1")
+
+        def call() -> None:
+            try:
+                outcome.append(sandbox.run("s1", spec))
+            except SandboxClientError as exc:
+                outcome.append(exc)
+
+        runner = threading.Thread(target=call)
+        runner.start()
+        while not _marked_processes(marker):
+            pass  # wait until the tool runs
+        service_pid = int(httpx.get(f"{url}/healthz").json()["pid"])
+        os.killpg(service_pid, signal.SIGKILL)
+        runner.join(timeout=20)
+    assert isinstance(outcome[0], SandboxClientError) and outcome[0].status_code is None
+    deadline = time.monotonic() + 10
+    # bwrap's --die-with-parent takes the tree down asynchronously.
+    while _marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _marked_processes(marker) == []
+    with serve_in_subprocess(command, env=env) as url, SandboxClient(url, TOKEN) as sandbox:
+        sandbox.open_session("s1")
+        assert sandbox.run("s1", ExecSpec(command=["true"])).status == "ok"
