@@ -136,6 +136,26 @@ def test_add_list_and_kill(manager: CgroupManager) -> None:
 
 
 @needs_cgroups
+def test_a_process_joins_by_writing_0_and_emptiness_is_seen(manager: CgroupManager) -> None:
+    slot = manager.create_slot(
+        0, sorted(os.sched_getaffinity(0)), memory_limit_mb=64, pids_limit=16
+    )
+    assert slot.is_empty()
+    join = 'for f; do echo 0 >"$f" || exit 1; done; exec sleep 60'
+    files = [str(path) for path in slot.join_files]
+    process = subprocess.Popen(["sh", "-c", join, "sh", *files])
+    try:
+        assert wait_until(lambda: slot.pids() == {process.pid})
+        assert not slot.is_empty()
+        assert slot.kill_all()
+        assert process.wait(5) == -9
+        assert slot.is_empty()
+    finally:
+        process.kill()
+        process.wait()
+
+
+@needs_cgroups
 def test_kill_all_stops_a_fork_loop_at_the_pids_limit(manager: CgroupManager) -> None:
     slot = manager.create_slot(
         0, sorted(os.sched_getaffinity(0)), memory_limit_mb=256, pids_limit=24

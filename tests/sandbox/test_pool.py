@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from agentmars.sandbox.config import allowed_cores
+from agentmars.sandbox.config import SandboxConfig, allowed_cores
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sandbox.spec import ExecSpec, SandboxError, UnknownSession
+from agentmars.sdk.emitter import Emitter
 from agentmars.sdk.events import ToolEnd, ToolEnqueue, ToolStart, ToolStats
 from agentmars.sdk.sinks.memory import MemorySink
 
@@ -157,3 +159,46 @@ async def test_bad_requests_raise_clear_errors(pool: SandboxPool) -> None:
     await pool.close()
     with pytest.raises(SandboxError, match="not running"):
         await pool.run("s1", spec)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _rss_kib() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
+
+
+def _children() -> int:
+    me = str(os.getpid())
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[1] == me:
+            count += 1
+    return count
+
+
+@pytest.mark.slow
+async def test_1000_calls_leak_no_fds_processes_or_memory(tmp_path: Path) -> None:
+    config = SandboxConfig(workspace_root=tmp_path / "ws")
+    async with SandboxPool(config, emitter=Emitter()) as pool:
+        pool.open_session("s1")
+        spec = ExecSpec(command=["sh", "-c", "echo out; echo err >&2"])
+
+        async def calls(n: int) -> None:
+            for _ in range(n):
+                result = await pool.run("s1", spec)
+                assert result.status == "ok" and result.stdout == "out\n"
+
+        await calls(100)  # warm caches and pools before taking the baseline
+        fds, rss = _open_fds(), _rss_kib()
+        await calls(1000)
+        assert _open_fds() <= fds
+        assert _children() == 0
+        # A leak of even 1 KiB per call would show as 1 MB; allow allocator noise.
+        assert _rss_kib() - rss < 8 * 1024

@@ -38,6 +38,7 @@ V2_ENABLED: tuple[Controller, ...] = ("cpuset", "memory", "pids")
 KILL_TIMEOUT_S = 5.0
 REMOVE_TIMEOUT_S = 2.0
 _POLL_S = 0.005
+_SMALL_FILE = 65536
 
 
 @dataclass(frozen=True)
@@ -82,19 +83,37 @@ def _unescape(field: str) -> str:
 
 
 def _read(path: Path) -> str:
-    return path.read_text().strip()
+    """A small file, read in one call."""
+    # NOTE: raw reads and writes: several run per job, and a buffered text file
+    # costs about twice as much.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, _SMALL_FILE).decode().strip()
+    finally:
+        os.close(fd)
 
 
 def _write(path: Path, value: str) -> None:
     # NOTE: one write() per value: cgroup files act on each write call.
-    with path.open("w") as file:
-        file.write(value)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _flat_value(path: Path) -> int | None:
+    """A file holding one number (pids.current); None where unreadable."""
+    try:
+        return int(_read(path))
+    except (OSError, ValueError):
+        return None
 
 
 def _flat_key(path: Path, key: str) -> int | None:
     """A counter from a ``key value`` file (memory.events, oom_control, pids.events)."""
     try:
-        for line in path.read_text().splitlines():
+        for line in _read(path).splitlines():
             name, _, value = line.partition(" ")
             if name == key:
                 return int(value)
@@ -120,6 +139,14 @@ class SlotCgroup:
         """The files a process writes its pid to, to join every group of the slot."""
         return [directory / "cgroup.procs" for directory in self._unique_dirs()]
 
+    @property
+    def join_files(self) -> list[Path]:
+        """The files a process writes ``0`` to, to join every group of the slot itself.
+        On v1 these are ``tasks``: a thread that moves itself skips the lock that
+        moving another process takes, which can wait for an RCU grace period (ms)."""
+        name = "tasks" if self.version == 1 else "cgroup.procs"
+        return [directory / name for directory in self._unique_dirs()]
+
     def _unique_dirs(self) -> list[Path]:
         return list(dict.fromkeys(self.dirs.values()))
 
@@ -135,6 +162,15 @@ class SlotCgroup:
             with contextlib.suppress(FileNotFoundError):
                 found.update(int(pid) for pid in procs.read_text().split())
         return found
+
+    def is_empty(self) -> bool:
+        """No process in the slot. Reads the pids controller's counter where there is
+        one, which is much cheaper than listing members (it counts zombies too, so a
+        non-zero count is checked against the lists)."""
+        directory = self.dirs.get("pids")
+        if directory is not None and _flat_value(directory / "pids.current") == 0:
+            return True
+        return not self.pids()
 
     def kill_all(self, timeout_s: float = KILL_TIMEOUT_S) -> bool:
         """SIGKILL every process in the slot until none is left (forks racing the kill

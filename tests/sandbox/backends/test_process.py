@@ -22,7 +22,7 @@ import pytest
 from agentmars.sandbox.backends.base import Job, OutputCallback, Slot
 from agentmars.sandbox.backends.process import SANDBOX_UID, ProcessBackend
 from agentmars.sandbox.cgroups import CgroupManager
-from agentmars.sandbox.config import SandboxConfig
+from agentmars.sandbox.config import SandboxConfig, default_readonly_paths
 from agentmars.sandbox.spec import TRUNCATION_MARKER, ExecResult, ExecSpec, SandboxError
 
 CORES = sorted(os.sched_getaffinity(0))
@@ -314,6 +314,43 @@ async def test_a_root_pool_runs_jobs_as_nobody_in_their_own_workspace(
     assert (workspace / "from-the-pool").read_text() == "xy\n"
 
 
+async def test_a_job_has_no_capabilities(backend: ProcessBackend, workspace: Path) -> None:
+    result = await run(backend, workspace, ["grep", "^Cap", "/proc/self/status"])
+    sets = dict(line.split(":") for line in result.stdout.splitlines())
+    assert {name: int(value, 16) for name, value in sets.items()} == dict.fromkeys(
+        ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), 0
+    )
+
+
+async def test_the_callers_environment_reaches_only_the_job(
+    backend: ProcessBackend, workspace: Path
+) -> None:
+    # ld.so complains once per program started with a preload it cannot open: the
+    # job, and none of the sandbox's own programs before it (root ones, for a root
+    # pool, which the caller's LD_PRELOAD or GCONV_PATH must not reach).
+    library = f"/nonexistent/{marker()}.so"
+    result = await run(backend, workspace, ["true"], env={"LD_PRELOAD": library})
+    assert result.status == "ok", result
+    assert result.stderr.count(library) == 1, result.stderr
+
+
+async def test_the_job_inherits_no_descriptor_but_stdio(
+    backend: ProcessBackend, workspace: Path
+) -> None:
+    code = """
+        import os
+        def is_open(fd):
+            try:
+                os.fstat(fd)
+            except OSError:
+                return False
+            return True
+        print([fd for fd in range(3, 1024) if is_open(fd)])
+    """
+    result = await run(backend, workspace, py(code))
+    assert result.stdout.strip() == "[]", result
+
+
 async def test_nested_user_namespaces(start_backend: StartBackend, workspace: Path) -> None:
     backend, warnings = await start_backend()
     code = """
@@ -458,7 +495,7 @@ async def test_host_secrets_in_the_environment_are_not_visible(
     result = await run(backend, workspace, ["env"])
     assert "sk-host-secret" not in result.stdout
     names = {line.partition("=")[0] for line in result.stdout.splitlines()}
-    assert names == {"PATH", "HOME", "TMPDIR", "LANG", "PWD"}  # PWD: set by the supervisor
+    assert names == {"PATH", "HOME", "TMPDIR", "LANG", "PWD"}  # PWD: the working directory
 
 
 async def test_only_harmless_devices_exist(backend: ProcessBackend, workspace: Path) -> None:
@@ -481,6 +518,14 @@ async def test_stdin_round_trip(backend: ProcessBackend, workspace: Path) -> Non
     text = "hello\nwörld\n" * 1000
     result = await run(backend, workspace, ["cat"], stdin=text)
     assert result.stdout == text
+
+
+async def test_without_stdin_the_job_reads_dev_null(
+    backend: ProcessBackend, workspace: Path
+) -> None:
+    # Not an empty pipe: tools such as ripgrep search a pipe on stdin, not the files.
+    result = await run(backend, workspace, ["readlink", "/proc/self/fd/0"])
+    assert result.stdout.strip() == "/dev/null"
 
 
 async def test_cwd_is_inside_the_workspace(backend: ProcessBackend, workspace: Path) -> None:
@@ -525,7 +570,10 @@ async def test_env_additions_are_visible(backend: ProcessBackend, workspace: Pat
     [
         (["true"], "ok", 0),
         (["sh", "-c", "exit 3"], "error", 3),
-        (["sh", "-c", "exit 137"], "error", 137),  # an exit code, not a signal
+        (["sh", "-c", "exit 200"], "error", 200),
+        # The sandbox's pid 1 reports a death by signal n as 128+n, so an exit code
+        # of 129-192 reads as a signal (a documented limitation).
+        (["sh", "-c", "exit 137"], "killed", -signal.SIGKILL),
         (["sh", "-c", "kill -TERM $$"], "killed", -signal.SIGTERM),
         (["no-such-program"], "error", 127),
     ],
@@ -540,8 +588,8 @@ async def test_exit_statuses(
 async def test_the_job_starts_with_no_ignored_signals(
     backend: ProcessBackend, workspace: Path
 ) -> None:
-    # Python (our supervisor) ignores SIGPIPE; a job inheriting that would not stop
-    # at a closed pipe (``yes | head``).
+    # Python (the pool) ignores SIGPIPE; a job inheriting that would not stop at a
+    # closed pipe (``yes | head``).
     result = await run(backend, workspace, ["grep", "SigIgn", "/proc/self/status"])
     assert result.stdout.split() == ["SigIgn:", "0" * 16]
 
@@ -623,6 +671,47 @@ async def test_killed_from_outside_then_the_slot_works_again(
     assert (await run(backend, workspace, ["true"])).status == "ok"
 
 
+async def test_a_job_that_cannot_be_confined_never_runs(
+    backend: ProcessBackend, workspace: Path
+) -> None:
+    no_such_core = Slot(SLOT.index, (max(CORES) + 64,))
+    result = await run(backend, workspace, ["touch", "ran"], slot=no_such_core)
+    assert (result.status, result.exit_status) == ("error", None), result
+    assert "cannot confine the job" in (result.detail or "")
+    assert not (workspace / "ran").exists()
+    assert (await run(backend, workspace, ["true"])).status == "ok"
+
+
+@needs_cgroups
+async def test_a_job_that_cannot_join_its_cgroups_never_runs(
+    start_backend: StartBackend, workspace: Path
+) -> None:
+    backend, _ = await start_backend()
+    pool = f"agentmars/{os.getpid()}-*/slot-{SLOT.index}"
+    slot_dirs = [*Path("/sys/fs/cgroup").glob(pool), *Path("/sys/fs/cgroup").glob(f"*/{pool}")]
+    assert slot_dirs
+    for slot_dir in slot_dirs:
+        slot_dir.rmdir()
+    result = await run(backend, workspace, ["touch", "ran"])
+    assert (result.status, result.exit_status) == ("error", None), result
+    assert "cannot join the slot's cgroups" in (result.detail or "")
+    assert not (workspace / "ran").exists()
+
+
+async def test_a_sandbox_that_cannot_be_set_up_says_so(
+    start_backend: StartBackend, workspace: Path, tmp_path: Path
+) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    backend, _ = await start_backend(readonly_paths=[*default_readonly_paths(), tools])
+    tools.rmdir()
+    result = await run(backend, workspace, ["touch", "ran"])
+    assert result.status == "error"
+    assert "could not start the command" in (result.detail or ""), result
+    assert "bwrap" in result.stderr
+    assert not (workspace / "ran").exists()
+
+
 async def test_close_stops_running_jobs_and_removes_cgroups(
     start_backend: StartBackend, workspace: Path
 ) -> None:
@@ -697,7 +786,7 @@ async def test_without_cgroups_rlimits_and_namespaces_still_contain(
     assert hog.status == "error" and "MemoryError" in hog.stderr
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3:\n    pass"
     cpu = await run(backend, workspace, py(busy))
-    assert cpu.cpu_s is not None and cpu.cpu_s >= 0.28  # from the supervisor's rusage
+    assert cpu.cpu_s is not None and cpu.cpu_s >= 0.28  # from bubblewrap's rusage
     sleep = " ".join(unique_sleep())
     script = f"setsid sh -c 'trap \"\" TERM HUP; {sleep}; true' & {sleep}"
     started = time.monotonic()

@@ -4,9 +4,39 @@ sees the host read-only except its own workspace, runs without capabilities and 
 as host root, and is pinned to its slot's cores and confined by the slot's cgroups
 (cpuset, memory, pids).
 
-A job's processes: ``_launch.py enter`` (joins the cgroups, pins, sets rlimits) execs
-bubblewrap, which runs ``_launch.py supervise`` as the sandbox's pid 1, which runs the
-command and reports its exact wait status and CPU time on a status pipe.
+A job's processes, none of them Python:
+
+- ``/bin/sh`` (``HOLD``), spawned by the backend, moves itself into the slot's cgroups
+  and waits for a line on its stdin. Meanwhile the backend pins it to the slot's cores
+  and sets its rlimits; only then does it send the line, and the shell execs
+  bubblewrap. Everything the job starts inherits all three, so no process of the job
+  ever runs unconfined (and no ``preexec_fn`` runs in a forked copy of the threaded
+  event loop). If the backend goes away first, the shell reads EOF and exits.
+- bubblewrap sets up the sandbox and runs a shell as its pid 1 (``--as-pid-1``:
+  bubblewrap's own init can outlive bubblewrap, and is then left for the host's init
+  to reap). That shell runs the command as its child, reaps every orphan while it
+  waits, and exits with the command's status; when it exits, the kernel kills the
+  rest of the namespace.
+- When the pool runs as root, pid 1 stays root, with no capability but CAP_SETUID,
+  CAP_SETGID and CAP_SETPCAP, so that a job (``SANDBOX_UID``) can neither signal nor
+  trace it; its child is ``setpriv``, which drops to ``SANDBOX_UID`` with no
+  capabilities and an empty bounding set, and execs a second shell (``ENTER``) that
+  sets the job's environment and working directory, then execs the command. The
+  environment is set only after the drop, so nothing the caller controls
+  (``LD_PRELOAD``, ...) reaches a root process; the directory is entered after it
+  too, as a workspace handed to that uid may be closed to root without capabilities.
+  Without root, pid 1 is that ``ENTER`` shell itself, as the job's own uid.
+
+Exit status: the sandbox's pid 1 reports a death by signal n as exit code 128+n, as
+shells (and the docker backend) do, so codes 129-192 read as status ``killed`` with
+exit status -n. A command that exits with such a code on purpose (``exit 130``) is
+therefore reported as killed by that signal (SIGINT). Timeouts, cancellations and
+out-of-memory kills are told apart from that (the backend kills, the cgroup counts).
+Without bubblewrap the command is the backend's direct child and its status is exact.
+
+CPU time comes from the slot's cpuacct cgroup; without it, from the resource usage of
+the backend's direct child (bubblewrap), which includes every process of the sandbox
+that was reaped (by its pid 1, or by the kernel when the namespace died).
 
 When the pool runs as root, jobs run as host uid ``SANDBOX_UID``; a session's
 workspace is handed to that uid (recursively) before its first job, so files the pool
@@ -14,16 +44,20 @@ adds later must be created as that uid to be writable by jobs.
 
 Where something is unavailable (no bubblewrap, no user namespaces, cgroup controllers
 not writable) ``start()`` falls back to weaker means and returns a warning for each.
+The read-only paths are looked at once, when the backend starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import resource
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +65,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from agentmars.sandbox.backends import _launch
 from agentmars.sandbox.backends.base import Job, OutputCallback, Slot, Stream
 from agentmars.sandbox.cgroups import CgroupManager, SlotCgroup
 from agentmars.sandbox.config import SandboxConfig
@@ -47,8 +80,28 @@ log = logging.getLogger(__name__)
 
 SANDBOX_UID = 65534
 """nobody: the uid and gid of jobs in the sandbox (and on the host, for a root pool)."""
-SANDBOX_INIT = "/run/agentmars/init.py"
-"""Where ``_launch.py`` is mounted (read-only) in the sandbox, to run as its pid 1."""
+SHELL = "/bin/sh"
+"""Must exist on the host and, for sandboxed jobs, under the read-only paths."""
+UNCONFINED = 125
+"""The host shell's exit status when it could not join the slot's cgroups."""
+HOLD = (
+    f'while [ "$1" != -- ]; do echo 0 >"$1" || exit {UNCONFINED}; shift; done; shift; '
+    'read _ && exec "$@"'
+)
+"""The host shell: joins the slot's cgroups (the files before ``--``), waits for a line
+on stdin, then execs the rest of its arguments."""
+ENTER = (
+    'while [ "$1" != -- ]; do export "$1"; shift; done; cd -- "$2" || exit; unset OLDPWD; shift 2; '
+)
+"""Takes ``NAME=value... -- cwd command...``: exports the job's environment, enters its
+working directory (PWD follows: bubblewrap exported it), drops the arguments used."""
+RUN_SETPRIV = '"$@"; exit'
+"""pid 1 of a root pool: runs setpriv (an absolute path, so never taken for a builtin
+of the shell) as its child, reaping orphans while it waits, then exits with its
+status."""
+RUN_COMMAND = '(exec "$@"); exit'
+"""pid 1 otherwise, after ENTER: the same with the command (``exec``: never a builtin)."""
+SETPRIV_OPTIONS = ("--clear-groups", "--inh-caps=-all", "--bounding-set=-all")
 EXEC_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 KILL_TIMEOUT_S = 5.0
 PIPE_DRAIN_TIMEOUT_S = 2.0
@@ -58,12 +111,12 @@ PROBE_TIMEOUT_S = 30.0
 _READ_CHUNK = 65536
 
 Isolation = Literal["drop", "userns", "no-userns", "none"]
-"""How jobs are isolated. ``drop``: bubblewrap run by root, the sandbox's init drops the
-job to ``SANDBOX_UID`` (a user namespace would map the job to host root, which may read
+"""How jobs are isolated. ``drop``: bubblewrap run by root, ``setpriv`` drops the job
+to ``SANDBOX_UID`` (a user namespace would map the job to host root, which may read
 every root-only file that is visible, e.g. /etc/shadow). ``userns``: bubblewrap in a
 user namespace, the job is the pool's own unprivileged uid. ``no-userns``: bubblewrap
 without one (set-uid bubblewrap). ``none``: no sandbox at all."""
-EndedBy = Literal["exit", "timeout", "cancelled", "closed"]
+EndedBy = Literal["exit", "timeout", "cancelled", "closed", "unconfined"]
 
 
 class _CappedStream:
@@ -91,33 +144,51 @@ class _CappedStream:
         return self.kept.decode("utf-8", errors="replace") + self.marker
 
 
-class _JobProtocol(asyncio.SubprocessProtocol):
-    """Captures stdout/stderr as they arrive, streams the kept part to ``on_output``,
-    and tells when the process has exited and when every pipe is closed."""
+class _JobOutput:
+    """Reads the job's stdout and stderr pipes as data arrives, keeps and streams it
+    (the kept part, to ``on_output``), and tells when both pipes are closed."""
 
     def __init__(self, cap: int, on_output: OutputCallback | None) -> None:
-        loop = asyncio.get_running_loop()
-        self.streams = {1: _CappedStream("stdout", cap), 2: _CappedStream("stderr", cap)}
+        self._loop = asyncio.get_running_loop()
+        self.stdout = _CappedStream("stdout", cap)
+        self.stderr = _CappedStream("stderr", cap)
         self.on_output = on_output
-        self.exited: asyncio.Future[None] = loop.create_future()
-        self.closed: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+        self._pipes: dict[int, _CappedStream] = {}
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        stream = self.streams[fd]
+    def watch(self, fd: int, stream: _CappedStream) -> None:
+        """Read the pipe ``fd`` (ours from now on) into ``stream``."""
+        os.set_blocking(fd, False)
+        self._pipes[fd] = stream
+        self._loop.add_reader(fd, self._read, fd)
+
+    def _read(self, fd: int) -> None:
+        try:
+            data = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        if not data:
+            self._stop(fd)
+            return
+        stream = self._pipes[fd]
         kept = stream.add(data)
         if kept:
             self._emit(stream.name, kept)
 
-    def process_exited(self) -> None:
-        if not self.exited.done():
-            self.exited.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
+    def _stop(self, fd: int) -> None:
+        self._loop.remove_reader(fd)
+        os.close(fd)
+        del self._pipes[fd]
+        if not self._pipes and not self.closed.done():
             self.closed.set_result(None)
 
+    def close(self) -> None:
+        """Stop reading (the job is gone, or its output is no longer wanted)."""
+        for fd in list(self._pipes):
+            self._stop(fd)
+
     def emit_markers(self) -> None:
-        for stream in self.streams.values():
+        for stream in (self.stdout, self.stderr):
             if stream.marker:
                 self._emit(stream.name, stream.marker.encode())
 
@@ -130,40 +201,114 @@ class _JobProtocol(asyncio.SubprocessProtocol):
             log.exception("on_output callback failed")
 
 
-@dataclass(frozen=True)
-class _Report:
-    """What the supervisor wrote on the status pipe."""
+class _HostProcess:
+    """The process the backend spawns (the ``HOLD`` shell, which becomes bubblewrap or,
+    without it, the command) and its stdin. It is reaped here with ``os.wait4``
+    rather than by asyncio's child watcher, for its resource usage: its own and that
+    of every process it reaped."""
 
-    started: bool = False
-    wait_status: int | None = None
-    cpu_s: float | None = None
-    error: str | None = None
+    def __init__(self, popen: subprocess.Popen[bytes], stdin: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._popen = popen
+        self._stdin: int | None = stdin
+        self._writer: asyncio.WriteTransport | None = None
+        self.pid = popen.pid
+        self.returncode: int | None = None
+        self.cpu_s: float | None = None
+        self.exited: asyncio.Future[None] = self._loop.create_future()
+        self._pidfd = os.pidfd_open(self.pid)
+        self._loop.add_reader(self._pidfd, self._reap)
 
     @classmethod
-    def parse(cls, text: str) -> _Report:
-        """Lenient: in ``userns`` mode the job runs as the supervisor's uid and could
-        write to the pipe through /proc/1/fd. It can only misreport its own run that
-        way (as it could by its exit code), so malformed lines are skipped and the last
-        exit line wins: the supervisor's own is written when the job has ended."""
-        started, wait_status, cpu_s, error = False, None, None, None
-        for line in text.splitlines():
-            kind, _, rest = line.partition(" ")
-            status, _, cpu = rest.partition(" ")
-            if kind == "started":
-                started = True
-            elif kind == "exit" and status.isdigit() and _is_float(cpu):
-                wait_status, cpu_s = int(status), float(cpu)
-            elif kind == "error":
-                error = rest
-        return cls(started, wait_status, cpu_s, error)
+    def spawn(
+        cls,
+        argv: list[str],
+        output: _JobOutput,
+        *,
+        env: dict[str, str],
+        cwd: str,
+        pass_fds: tuple[int, ...] = (),
+    ) -> _HostProcess:
+        """Start ``argv`` in its own session (so its process group can be killed),
+        its stdout and stderr read into ``output``."""
+        stdin, stdin_w = os.pipe()
+        stdout_r, stdout = os.pipe()
+        stderr_r, stderr = os.pipe()
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+                pass_fds=pass_fds,
+            )
+        except BaseException:
+            for fd in (stdin_w, stdout_r, stderr_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (stdin, stdout, stderr):
+                os.close(fd)
+        output.watch(stdout_r, output.stdout)
+        output.watch(stderr_r, output.stderr)
+        try:
+            return cls(popen, stdin_w)
+        except BaseException:
+            os.close(stdin_w)  # the held shell reads EOF and exits, having run nothing
+            raise
 
+    async def release(self, stdin: str | None) -> None:
+        """Send the line the ``HOLD`` shell waits for, then the job's stdin."""
+        fd, self._stdin = self._stdin, None
+        assert fd is not None
+        try:
+            os.write(fd, b"\n")  # an empty pipe takes it without blocking
+        except BrokenPipeError:  # the shell is gone (it could not join the cgroups)
+            stdin = None
+        if stdin is None:
+            os.close(fd)
+            return
+        pipe = open(fd, "wb", buffering=0)  # noqa: SIM115 (the transport closes it)
+        transport, _ = await self._loop.connect_write_pipe(asyncio.Protocol, pipe)
+        assert isinstance(transport, asyncio.WriteTransport)
+        self._writer = transport
+        transport.write(stdin.encode())
+        transport.write_eof()
 
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+    def kill(self) -> None:
+        """SIGKILL the process group of the spawned process."""
+        # NOTE: only while it is unreaped: after that its pid, and so the process
+        # group id, may belong to someone else. _reap runs on this thread, so nothing
+        # can reap between the check and the kill.
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def _reap(self) -> None:
+        try:
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by a waitpid(-1) elsewhere in the process
+            log.warning("job process %d was reaped elsewhere; its status is lost", self.pid)
+            pid, status, usage = self.pid, 255 << 8, None
+        if pid == 0:
+            return
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self.returncode = os.waitstatus_to_exitcode(status)
+        self._popen.returncode = self.returncode  # so Popen never waits for the pid
+        self.cpu_s = None if usage is None else usage.ru_utime + usage.ru_stime
+        self.exited.set_result(None)
+
+    def close(self) -> None:
+        """Close stdin, dropping what was not written yet (the job is gone)."""
+        if self._stdin is not None:
+            os.close(self._stdin)
+            self._stdin = None
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.abort()
 
 
 @dataclass(frozen=True)
@@ -193,10 +338,10 @@ def resolve_cwd(workspace: Path, cwd: str) -> tuple[Path, Path]:
     except OSError as exc:
         raise SandboxError(f"workspace {workspace} does not exist") from exc
     try:
-        target = (root / cwd).resolve(strict=True)
+        target = root if cwd == "." else (root / cwd).resolve(strict=True)
     except OSError as exc:
         raise SandboxError(f"cwd {cwd!r} does not exist in the workspace") from exc
-    if not target.is_relative_to(root):
+    if not _within(target, root):
         raise SandboxError(f"cwd {cwd!r} resolves to {target}, outside the workspace")
     if not target.is_dir():
         raise SandboxError(f"cwd {cwd!r} is not a directory")
@@ -205,14 +350,20 @@ def resolve_cwd(workspace: Path, cwd: str) -> tuple[Path, Path]:
 
 def check_workspaces_hidden(workspace_root: Path, readonly_paths: list[Path]) -> None:
     """Refuse a read-only path that contains a workspace or lies in one: every sandbox
-    would see other sessions' files."""
+    would see other sessions' files. Both sides resolved (symlinks followed)."""
     for path in readonly_paths:
-        resolved = path.resolve()
-        if workspace_root.is_relative_to(resolved) or resolved.is_relative_to(workspace_root):
+        if _within(workspace_root, path) or _within(path, workspace_root):
             raise SandboxError(
                 f"readonly path {path} overlaps the workspaces in {workspace_root}: other "
                 "sessions' files would be readable; remove it from readonly_paths"
             )
+
+
+def _within(path: Path, root: Path) -> bool:
+    """``path.is_relative_to(root)`` for absolute, normalized paths, at a fraction of
+    its cost (this runs several times per job)."""
+    inner, outer = str(path), str(root)
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
 def hand_over(workspace: Path, uid: int) -> None:
@@ -227,24 +378,90 @@ def hand_over(workspace: Path, uid: int) -> None:
 
 
 class _MountPoints:
-    """Bind arguments, each preceded by ``--dir`` (mode 0755) for the mount point's
+    """Mount arguments, each preceded by ``--dir`` (mode 0755) for the mount point's
     parents: bubblewrap would create them with the host's modes (/root: 0700), which
     a job running as another uid could not pass."""
 
     def __init__(self) -> None:
         self.read_only: list[Path] = []
-        self.made = {Path("/"), Path("/tmp")}
+        self.made = {"/", "/tmp"}
+
+    def copy(self) -> _MountPoints:
+        copied = _MountPoints()
+        copied.read_only, copied.made = list(self.read_only), set(self.made)
+        return copied
 
     def bind(self, option: str, source: Path, dest: Path) -> list[str]:
-        argv = []
-        for parent in reversed(dest.parents):
-            if parent in self.made or any(parent.is_relative_to(r) for r in self.read_only):
-                continue
-            self.made.add(parent)
-            argv += ["--perms", "0755", "--dir", str(parent)]
+        argv = self._parents(dest)
         if option == "--ro-bind":
             self.read_only.append(dest)
         return [*argv, option, str(source), str(dest)]
+
+    def link(self, target: Path, dest: Path) -> list[str]:
+        argv = self._parents(dest)
+        self.read_only.append(dest)  # the root is remounted read-only
+        return [*argv, "--symlink", str(target), str(dest)]
+
+    def _parents(self, dest: Path) -> list[str]:
+        argv = []
+        for parent in reversed(dest.parents):
+            if str(parent) in self.made or any(_within(parent, r) for r in self.read_only):
+                continue
+            self.made.add(str(parent))
+            argv += ["--perms", "0755", "--dir", str(parent)]
+        return argv
+
+
+def _link_target(path: Path, readonly_paths: list[Path]) -> Path | None:
+    """Where ``path`` leads if it is a symlink into another read-only path that is
+    mounted as it is (e.g. /bin -> usr/bin where /usr is merged): a symlink shows the
+    job the same files as a bind mount does, and costs bubblewrap much less."""
+    if not path.is_symlink():
+        return None
+    target = path.resolve()
+    mounted = [p for p in readonly_paths if p != path and p.exists() and p.resolve() == p]
+    return target if any(_within(target, p) for p in mounted) else None
+
+
+def _readonly_mounts(readonly_paths: list[Path]) -> tuple[list[str], _MountPoints]:
+    """The bubblewrap arguments that show the read-only paths (shallowest first, so a
+    deeper one is mounted on top), and the mount points they made."""
+    mounts = _MountPoints()
+    argv = []
+    for path in sorted(readonly_paths, key=lambda p: len(p.parts)):
+        target = _link_target(path, readonly_paths)
+        if target is not None:
+            argv += mounts.link(target, path)
+        elif path.exists():
+            argv += mounts.bind("--ro-bind", path, path)
+    return argv, mounts
+
+
+def _drop_argv(readonly_paths: list[Path]) -> list[str]:
+    """setpriv, dropping to SANDBOX_UID with no capabilities (an empty bounding set);
+    empty without setpriv. ``readonly_paths``: resolved."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return []
+    user = _sandbox_name(Path("/etc/passwd"), readonly_paths)
+    group = _sandbox_name(Path("/etc/group"), readonly_paths)
+    return [setpriv, f"--reuid={user}", f"--regid={group}", *SETPRIV_OPTIONS, "--"]
+
+
+def _sandbox_name(table: Path, readonly_paths: list[Path]) -> str:
+    """SANDBOX_UID's name in ``table`` (/etc/passwd or /etc/group) where the sandbox
+    shows the host's, else the number."""
+    # NOTE: setpriv looks its argument up as a name before reading it as a number,
+    # so a number first misses every NSS source (loading systemd's costs ~0.3 ms);
+    # a name from /etc is found by the first, "files".
+    number = str(SANDBOX_UID)
+    if not any(_within(table, path) for path in readonly_paths):
+        return number
+    try:
+        entries = [line.split(":") for line in table.read_text().splitlines()]
+    except OSError:
+        return number
+    return next((fields[0] for fields in entries if fields[2:3] == [number]), number)
 
 
 def sandbox_env(workspace: Path, extra: dict[str, str]) -> dict[str, str]:
@@ -266,18 +483,23 @@ class ProcessBackend:
         self._bwrap_name = bwrap
         self._use_cgroups = cgroups
         self._bwrap: str | None = None
+        self._drop: list[str] = []
         self._config: SandboxConfig | None = None
         self._isolation: Isolation = "none"
         self._cgroups: CgroupManager | None = None
         self._groups: dict[int, SlotCgroup] = {}
-        self._rlimits: dict[str, int] = {}
-        self._python = os.path.realpath(sys.executable)
+        self._rlimits: dict[int, int] = {}
+        self._readonly_resolved: list[Path] = []
+        self._readonly_argv: list[str] = []
+        self._mount_points = _MountPoints()
         self._closing = asyncio.Event()
         self._running: set[asyncio.Future[None]] = set()
 
     async def start(self, config: SandboxConfig, slots: list[Slot]) -> list[str]:
         self._config = config
-        check_workspaces_hidden(config.workspace_root.resolve(), config.readonly_paths)
+        self._readonly_resolved = [path.resolve() for path in config.readonly_paths]
+        check_workspaces_hidden(config.workspace_root.resolve(), self._readonly_resolved)
+        self._readonly_argv, self._mount_points = _readonly_mounts(config.readonly_paths)
         warnings = self._set_up_cgroups(config, slots)
         try:
             warnings += await self._choose_isolation(slots[0])
@@ -299,7 +521,7 @@ class ProcessBackend:
                 memory_limit_mb=config.memory_limit_mb,
                 pids_limit=config.pids_limit,
             )
-        self._rlimits = {"CORE": 0}  # core files would land in the workspace
+        self._rlimits = {resource.RLIMIT_CORE: 0}  # core files would land in the workspace
         warnings = []
         why = manager.unavailable
         if "cpuset" in why:
@@ -308,13 +530,13 @@ class ProcessBackend:
                 "CPU affinity only, which a job may widen to every core"
             )
         if "memory" in why:
-            self._rlimits["AS"] = config.memory_limit_mb * 1024 * 1024
+            self._rlimits[resource.RLIMIT_AS] = config.memory_limit_mb * 1024 * 1024
             warnings.append(
                 f"cgroup memory controller not writable ({why['memory']}): memory limited "
                 "by RLIMIT_AS only (address space per process, not the job's total)"
             )
         if "pids" in why:
-            self._rlimits["NPROC"] = config.pids_limit
+            self._rlimits[resource.RLIMIT_NPROC] = config.pids_limit
             warnings.append(
                 f"cgroup pids controller not writable ({why['pids']}): processes limited "
                 "by RLIMIT_NPROC only, which counts all processes of the job's host uid "
@@ -342,10 +564,14 @@ class ProcessBackend:
                 "working directory apply"
             ]
         root = os.geteuid() == 0
+        self._drop = _drop_argv(self._readonly_resolved)
         failures = []
         candidates: tuple[Isolation, ...] = ("drop", "userns") if root else ("userns", "no-userns")
         for isolation in candidates:
             self._isolation = isolation
+            if isolation == "drop" and not self._drop:
+                failures.append("drop: setpriv (util-linux) not found")
+                continue
             result = await self._probe(probe_slot)
             if result.status == "ok":
                 break
@@ -388,9 +614,9 @@ class ProcessBackend:
         cancel: asyncio.Event,
         on_output: OutputCallback | None = None,
     ) -> ExecResult:
-        config = self._require_started()
+        self._require_started()
         workspace, cwd = resolve_cwd(job.workspace, job.spec.cwd)
-        check_workspaces_hidden(workspace, config.readonly_paths)
+        check_workspaces_hidden(workspace, self._readonly_resolved)
         if cancel.is_set() or self._closing.is_set():
             return self._result(slot, "cancelled", None, "cancelled before it started")
         if self._isolation == "drop" and workspace.stat().st_uid != SANDBOX_UID:
@@ -418,32 +644,32 @@ class ProcessBackend:
         on_output: OutputCallback | None,
     ) -> ExecResult:
         group = self._groups.get(slot.index)
-        before = _Counters.read(group)
-        protocol = _JobProtocol(job.output_cap_bytes, on_output)
-        status_read, status_write = os.pipe()
+        output = _JobOutput(job.output_cap_bytes, on_output)
         started = time.monotonic()
+        process, status_fd = self._spawn(job, workspace, cwd, group, output)
         try:
-            transport = await self._spawn(slot, job, workspace, cwd, protocol, status_write)
-        except BaseException:
-            os.close(status_read)
-            raise
-        try:
-            self._feed_stdin(transport, job.spec.stdin)
-            ended_by = await self._wait_for_end(protocol.exited, job.timeout_s, cancel)
+            failure = self._confine(process.pid, slot)
+            # Read while the held shell starts up, which hides the cost: it is in the
+            # slot already, and nothing of the job runs before the release.
+            before = _Counters.read(group)
+            ended_by: EndedBy = "unconfined"
+            if failure is None:
+                await process.release(job.spec.stdin)
+                ended_by = await self._wait_for_end(process.exited, job.timeout_s, cancel)
             if ended_by != "exit":
-                await self._kill(transport, group, protocol.exited)
+                await self._kill(process, group)
             survivors = await self._kill_leftovers(group)
-            await self._drain(protocol)
+            await self._drain(output)
         except BaseException:  # cancelled, or a bug: the job must not outlive execute()
-            self._kill_now(transport, group)
+            self._kill_now(process, group)
             raise
         finally:
-            transport.close()
-            report = _Report.parse(_read_available(status_read))
-            os.close(status_read)
-        protocol.emit_markers()
+            process.close()
+            output.close()
+            ran = _read_available(status_fd) if status_fd is not None else ""
+        output.emit_markers()
         after = _Counters.read(group)
-        outcome = self._outcome(ended_by, transport.get_returncode(), report, before, after, job)
+        outcome = self._outcome(ended_by, failure, process.returncode, ran, before, after, job)
         status, exit_status, details = outcome
         if survivors:
             details.append(f"{survivors} processes survived SIGKILL")
@@ -451,65 +677,60 @@ class ProcessBackend:
         return ExecResult(
             status=status,
             exit_status=exit_status,
-            stdout=protocol.streams[1].text(),
-            stderr=protocol.streams[2].text(),
-            stdout_truncated=protocol.streams[1].dropped > 0,
-            stderr_truncated=protocol.streams[2].dropped > 0,
+            stdout=output.stdout.text(),
+            stderr=output.stderr.text(),
+            stdout_truncated=output.stdout.dropped > 0,
+            stderr_truncated=output.stderr.dropped > 0,
             wall_s=time.monotonic() - started,
-            cpu_s=report.cpu_s if cpu_s is None else cpu_s,
+            cpu_s=process.cpu_s if cpu_s is None else cpu_s,
             slot=slot.index,
             cores=list(slot.cores),
             backend=self.name,
             detail="; ".join(details) or None,
         )
 
-    async def _spawn(
+    def _spawn(
         self,
-        slot: Slot,
         job: Job,
         workspace: Path,
         cwd: Path,
-        protocol: _JobProtocol,
-        status_fd: int,
-    ) -> asyncio.SubprocessTransport:
-        """Start the job in its own session (so its process group can be killed) with
-        the status pipe as its only inherited descriptor besides stdio."""
+        group: SlotCgroup | None,
+        output: _JobOutput,
+    ) -> tuple[_HostProcess, int | None]:
+        """The ``HOLD`` shell, waiting to exec the job's command (without bubblewrap)
+        or bubblewrap; with bubblewrap, also the read end of its JSON status pipe."""
         env = sandbox_env(workspace, job.spec.env)
+        # The shell's stdin carries the release line; a job without stdin gets
+        # /dev/null, not an empty pipe (tools such as ripgrep read a pipe on stdin).
+        hold = HOLD if job.spec.stdin is not None else f"{HOLD} </dev/null"
+        joins = [str(path) for path in group.join_files] if group else []
+        hold_argv = [SHELL, "-c", hold, "sh", *joins, "--"]
         if self._isolation == "none":
-            argv = _launch.supervise_argv(
-                self._python, _launch.__file__, status_fd=status_fd, cwd=str(cwd), uid=None,
-                argv=job.spec.command,
-            )  # fmt: skip
-            popen_env = env
-        else:
-            argv, popen_env = self._bwrap_argv(job, workspace, cwd, env, status_fd), {}
-        group = self._groups.get(slot.index)
-        command = _launch.enter_argv(
-            self._python,
-            status_fd=status_fd,
-            cores=slot.cores,
-            procs_files=[str(path) for path in group.procs_files] if group else [],
-            rlimits=self._rlimits,
-            argv=argv,
-        )
-        loop = asyncio.get_running_loop()
+            argv = [*hold_argv, *job.spec.command]
+            env_cwd = env | {"PWD": str(cwd)}
+            return _HostProcess.spawn(argv, output, env=env_cwd, cwd=str(cwd)), None
+        status_read, status_write = os.pipe()
         try:
-            transport, _ = await loop.subprocess_exec(
-                lambda: protocol,
-                *command,
-                stdin=asyncio.subprocess.PIPE
-                if job.spec.stdin is not None
-                else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=popen_env,
-                cwd="/",
-                start_new_session=True,
-                pass_fds=(status_fd,),
-            )
+            argv = [*hold_argv, *self._bwrap_argv(job, workspace, cwd, env, status_write)]
+            process = _HostProcess.spawn(argv, output, env={}, cwd="/", pass_fds=(status_write,))
+        except BaseException:
+            os.close(status_read)
+            raise
         finally:
-            os.close(status_fd)
-        return transport
+            os.close(status_write)
+        return process, status_read
+
+    def _confine(self, pid: int, slot: Slot) -> str | None:
+        """Pin and limit the held shell (it joins the cgroups itself; joining a cpuset
+        sets the affinity to the cpuset's cores, the same ones); why that failed, or
+        None."""
+        try:
+            os.sched_setaffinity(pid, slot.cores)
+            for limit, value in self._rlimits.items():
+                resource.prlimit(pid, limit, (value, value))
+        except OSError as exc:
+            return f"cannot confine the job: {exc}"
+        return None
 
     def _bwrap_argv(
         self, job: Job, workspace: Path, cwd: Path, env: dict[str, str], status_fd: int
@@ -517,47 +738,44 @@ class ProcessBackend:
         """The bubblewrap command line: an empty root with the read-only paths, private
         /tmp, /dev and /proc, and the workspace as the only writable host path."""
         assert self._bwrap is not None and self._config is not None
-        config = self._config
-        size = str(config.memory_limit_mb * 1024 * 1024)
+        size = str(self._config.memory_limit_mb * 1024 * 1024)
         argv = [self._bwrap, *self._identity_argv()]
         argv += [
             "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "sandbox",
             "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv",
+            "--json-status-fd", str(status_fd),
         ]  # fmt: skip
-        for name, value in env.items():
-            argv += ["--setenv", name, value]
         # tmpfs first, so read-only paths under /tmp (a venv there) stay visible;
         # its pages count against the memory cgroup, --size bounds it without one.
-        argv += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
-        mounts = _MountPoints()
-        for path in sorted(config.readonly_paths, key=lambda p: len(p.parts)):
-            if path.exists():
-                argv += mounts.bind("--ro-bind", path, path)
-        argv += mounts.bind("--ro-bind", Path(_launch.__file__), Path(SANDBOX_INIT))
+        argv += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp", *self._readonly_argv]
         argv += ["--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
         # NOTE: sysctl files check only the owner, and a job that is host uid 0 (the
         # "userns" fallback of a root pool) could write /proc/sys/kernel/core_pattern.
         argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
-        argv += mounts.bind("--bind", workspace, workspace)
+        argv += self._mount_points.copy().bind("--bind", workspace, workspace)
         argv += ["--remount-ro", "/", "--chdir", "/", "--"]
-        # NOTE: the supervisor enters cwd inside the sandbox, so even a symlink swapped
-        # in after resolve_cwd() can only lead to what the sandbox shows.
-        return argv + _launch.supervise_argv(
-            self._python,
-            SANDBOX_INIT,
-            status_fd=status_fd,
-            cwd=str(cwd),
-            uid=SANDBOX_UID if self._isolation == "drop" else None,
-            argv=job.spec.command,
-        )
+        return argv + self._pid1_argv(job, cwd, env)
+
+    def _pid1_argv(self, job: Job, cwd: Path, env: dict[str, str]) -> list[str]:
+        """The sandbox's pid 1 and its arguments (see the module docstring)."""
+        # NOTE: ENTER enters cwd inside the sandbox, so even a symlink swapped in after
+        # resolve_cwd() can only lead to what the sandbox shows.
+        entered = [*(f"{name}={value}" for name, value in env.items()), "--", str(cwd)]
+        entered += job.spec.command
+        if self._isolation != "drop":
+            return [SHELL, "-c", ENTER + RUN_COMMAND, "sh", *entered]
+        enter = [SHELL, "-c", ENTER + 'exec "$@"', "sh"]
+        return [SHELL, "-c", RUN_SETPRIV, "sh", *self._drop, *enter, *entered]
 
     def _identity_argv(self) -> list[str]:
         """Who the job is; it has no capabilities in any mode."""
         if self._isolation == "drop":
-            # The init keeps only what it needs to drop the job to SANDBOX_UID (which
-            # clears those too); bubblewrap run by root keeps every capability otherwise.
-            return ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            # pid 1 keeps only what setpriv needs to drop the job to SANDBOX_UID and
+            # empty its bounding set; bubblewrap run by root keeps every capability
+            # otherwise.
+            kept = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
+            return ["--cap-drop", "ALL", *(arg for cap in kept for arg in ("--cap-add", cap))]
         if self._isolation == "userns":
             # NOTE: --disable-userns: a nested user namespace would give the job every
             # capability there, and with them much more kernel attack surface.
@@ -573,15 +791,6 @@ class ProcessBackend:
                 "ALL",
             ]
         return ["--cap-drop", "ALL"]
-
-    @staticmethod
-    def _feed_stdin(transport: asyncio.SubprocessTransport, stdin: str | None) -> None:
-        pipe = transport.get_pipe_transport(0)
-        if stdin is None or pipe is None:
-            return
-        assert isinstance(pipe, asyncio.WriteTransport)
-        pipe.write(stdin.encode())
-        pipe.write_eof()
 
     async def _wait_for_end(
         self, exited: asyncio.Future[None], timeout_s: float, cancel: asyncio.Event
@@ -600,34 +809,20 @@ class ProcessBackend:
             return "cancelled"
         return "closed" if self._closing.is_set() else "timeout"
 
-    async def _kill(
-        self,
-        transport: asyncio.SubprocessTransport,
-        group: SlotCgroup | None,
-        exited: asyncio.Future[None],
-    ) -> None:
+    async def _kill(self, process: _HostProcess, group: SlotCgroup | None) -> None:
         """Kill the whole tree: the session (bubblewrap, whose death takes the pid
         namespace down) and every process in the slot's cgroups; then wait for it."""
-        self._kill_session(transport)
+        process.kill()
         if group is not None:
             await asyncio.to_thread(group.kill_all, KILL_TIMEOUT_S)
         try:
-            await asyncio.wait_for(asyncio.shield(exited), KILL_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.shield(process.exited), KILL_TIMEOUT_S)
         except TimeoutError:
-            log.error("job process %s did not exit after SIGKILL", transport.get_pid())
+            log.error("job process %s did not exit after SIGKILL", process.pid)
 
-    @staticmethod
-    def _kill_session(transport: asyncio.SubprocessTransport) -> None:
-        # NOTE: only while the leader is unreaped: after that its pid, and so the
-        # process group id, may belong to someone else. The child watcher reaps on
-        # this thread, so nothing can reap between the check and the kill.
-        if transport.get_returncode() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(transport.get_pid(), signal.SIGKILL)
-
-    def _kill_now(self, transport: asyncio.SubprocessTransport, group: SlotCgroup | None) -> None:
+    def _kill_now(self, process: _HostProcess, group: SlotCgroup | None) -> None:
         """The same kill, synchronously, for an execute() that ends by an exception."""
-        self._kill_session(transport)
+        process.kill()
         if group is not None:
             group.kill_all(KILL_TIMEOUT_S)
 
@@ -635,28 +830,30 @@ class ProcessBackend:
     async def _kill_leftovers(group: SlotCgroup | None) -> int:
         """Processes the job left behind (only possible without bubblewrap: in the
         sandbox they die with its pid 1); returns how many survived SIGKILL."""
-        if group is None or not group.pids():
+        if group is None or group.is_empty():
             return 0
         await asyncio.to_thread(group.kill_all, KILL_TIMEOUT_S)
         return len(group.pids())
 
     @staticmethod
-    async def _drain(protocol: _JobProtocol) -> None:
+    async def _drain(output: _JobOutput) -> None:
         try:
-            await asyncio.wait_for(asyncio.shield(protocol.closed), PIPE_DRAIN_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.shield(output.closed), PIPE_DRAIN_TIMEOUT_S)
         except TimeoutError:
             log.warning("output pipes still open after the job ended; closing them")
 
     def _outcome(
         self,
         ended_by: EndedBy,
+        failure: str | None,
         returncode: int | None,
-        report: _Report,
+        ran: str,
         before: _Counters,
         after: _Counters,
         job: Job,
     ) -> tuple[ExecStatus, int | None, list[str]]:
-        """Status, exit status and the reasons, in words, for how the job ended."""
+        """Status, exit status and the reasons, in words, for how the job ended;
+        ``ran``: what bubblewrap wrote on its JSON status pipe."""
         assert self._config is not None
         limits = []
         oom_kills = _delta(after.oom_kills, before.oom_kills)
@@ -676,23 +873,21 @@ class ProcessBackend:
         if ended_by in ("cancelled", "closed"):
             why = "cancelled" if ended_by == "cancelled" else "the sandbox backend was closed"
             return "cancelled", -signal.SIGKILL, [why, *limits]
-        if report.error is not None:
-            return "error", None, [f"the sandbox failed: {report.error}"]
-        if report.wait_status is not None:
-            code = os.waitstatus_to_exitcode(report.wait_status)
-            if code >= 0:
-                return ("ok" if code == 0 else "error"), code, limits
-            return "killed", code, limits or [_signal_detail(-code)]
-        if report.started or (returncode is not None and returncode < 0):
-            # The supervisor itself died (by the OOM killer or a kill from outside).
-            signum = _signal_of(returncode)
-            why = "the sandbox's supervisor was killed before the command ended"
-            return "killed", -signum if signum else returncode, limits or [why]
-        return (
-            "error",
-            returncode,
-            [f"the sandbox could not start the command (exit status {returncode}); see stderr"],
-        )
+        if failure is not None:
+            return "error", None, [f"the sandbox failed: {failure}"]
+        assert returncode is not None
+        sandboxed = self._isolation != "none"
+        if sandboxed and returncode >= 0 and not _command_ran(ran):
+            if returncode == UNCONFINED:
+                return "error", None, ["the sandbox failed: cannot join the slot's cgroups"]
+            why = f"the sandbox could not start the command (exit status {returncode}); see stderr"
+            return "error", returncode, [why]
+        if sandboxed and 128 < returncode <= 128 + signal.SIGRTMAX:  # see the docstring
+            signum = returncode - 128
+            return "killed", -signum, limits or [_signal_detail(signum, exit_code=returncode)]
+        if returncode >= 0:
+            return ("ok" if returncode == 0 else "error"), returncode, limits
+        return "killed", returncode, limits or [_signal_detail(-returncode)]
 
     def _result(self, slot: Slot, status: ExecStatus, code: int | None, detail: str) -> ExecResult:
         return ExecResult(
@@ -723,26 +918,33 @@ class ProcessBackend:
 
 
 def _read_available(fd: int) -> str:
-    """Whatever the status pipe holds, without blocking (every writer is gone by now,
-    except after a failed kill)."""
+    """Whatever a pipe holds, without blocking (every writer is gone by now, except
+    after a failed kill); closes it."""
     os.set_blocking(fd, False)
     chunks = []
     with contextlib.suppress(BlockingIOError):
         while chunk := os.read(fd, _READ_CHUNK):
             chunks.append(chunk)
+    os.close(fd)
     return b"".join(chunks).decode(errors="replace")
 
 
-def _signal_of(returncode: int | None) -> int | None:
-    """The signal that ended the supervisor: from Popen (negative) or from bubblewrap,
-    which exits 128+n when its child died of signal n."""
-    if returncode is None:
-        return None
-    if returncode < 0:
-        return -returncode
-    return returncode - 128 if returncode > 128 else None
+def _command_ran(status: str) -> bool:
+    """Whether bubblewrap ran its command (the sandbox's pid 1): it reports an
+    ``exit-code`` on its JSON status pipe only then, not when it could not set the
+    sandbox up. Only bubblewrap writes there (it closes the pipe in the sandbox)."""
+    for line in status.splitlines():
+        with contextlib.suppress(ValueError):
+            if "exit-code" in json.loads(line):
+                return True
+    return False
 
 
-def _signal_detail(signum: int) -> str:
+def _signal_detail(signum: int, exit_code: int | None = None) -> str:
+    """Why a job ended by a signal we did not send; ``exit_code``: the sandbox's
+    report of it, which ``exit(exit_code)`` would have given too."""
     name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
-    return f"ended by {name}, not sent by the sandbox (killed from outside, or by itself)"
+    detail = f"ended by {name}, not sent by the sandbox (killed from outside, or by itself)"
+    if exit_code is not None:
+        detail += f"; or it exited with status {exit_code}, which reads the same"
+    return detail
