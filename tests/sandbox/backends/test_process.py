@@ -591,7 +591,10 @@ async def test_the_job_starts_with_no_ignored_signals(
     # Python (the pool) ignores SIGPIPE; a job inheriting that would not stop at a
     # closed pipe (``yes | head``).
     result = await run(backend, workspace, ["grep", "SigIgn", "/proc/self/status"])
-    assert result.stdout.split() == ["SigIgn:", "0" * 16]
+    label, mask = result.stdout.split()
+    # Standard signals 1-31 only: one fresh-clone CI run showed signal 32 (a glibc-
+    # internal real-time signal, never sent to a job) ignored by the environment.
+    assert label == "SigIgn:" and int(mask, 16) & 0x7FFF_FFFF == 0
 
 
 async def test_output_streams_in_order(backend: ProcessBackend, workspace: Path) -> None:
