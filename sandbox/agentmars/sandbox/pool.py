@@ -29,7 +29,15 @@ from agentmars.sandbox.spec import (
     check_session_id,
 )
 from agentmars.sdk.emitter import Emitter, default_emitter
-from agentmars.sdk.events import ToolEnd, ToolEnqueue, ToolStart, ToolStats, clock, new_id
+from agentmars.sdk.events import (
+    ToolEnd,
+    ToolEnqueue,
+    ToolStart,
+    ToolStats,
+    check_id,
+    clock,
+    new_id,
+)
 
 log = logging.getLogger("agentmars.sandbox")
 
@@ -39,12 +47,6 @@ class _CallIds(TypedDict):
     call_id: str
     turn: int | None
     tool: str
-
-
-def _check_tool(tool: str) -> str:
-    if not isinstance(tool, str) or not 1 <= len(tool) <= 256:
-        raise SandboxError("tool must be a non-empty name of at most 256 characters")
-    return tool
 
 
 class SandboxPool:
@@ -172,13 +174,13 @@ class SandboxPool:
     ) -> tuple[Job, str]:
         if not self._started or self._closed:
             raise SandboxError("the sandbox pool is not running (start it, or it was closed)")
-        _check_tool(tool)
         try:
+            check_id(tool, "tool")
             check_priority(priority)
+            if call_id is not None:
+                check_id(call_id, "call_id")
         except ValueError as exc:
             raise SandboxError(str(exc)) from None
-        if call_id is not None and not (isinstance(call_id, str) and 1 <= len(call_id) <= 256):
-            raise SandboxError("call_id must be a non-empty string of at most 256 characters")
         job = Job(
             session_id=session_id,
             workspace=self.workspace(session_id),

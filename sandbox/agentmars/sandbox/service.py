@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentmars.sandbox.admission import MAX_PRIORITY, MIN_PRIORITY
+from agentmars.sandbox.backends.base import OutputCallback
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sandbox.spec import ExecResult, ExecSpec, SandboxError, UnknownSession
 from agentmars.sdk.auth import UNAUTHORISED, bearer_matches, check_token
@@ -171,17 +172,27 @@ def create_sandbox_app(pool: SandboxPool, token: str) -> FastAPI:
     return app
 
 
+def _start_call(
+    pool: SandboxPool,
+    session_id: str,
+    body: ExecRequest,
+    call_id: str,
+    on_output: OutputCallback | None = None,
+) -> asyncio.Task[ExecResult]:
+    return asyncio.create_task(
+        pool.run(
+            session_id, body.spec(), tool=body.tool, priority=body.priority, call_id=call_id,
+            turn=body.turn, on_output=on_output,
+        )
+    )  # fmt: skip
+
+
 async def _exec_until_disconnect(
     pool: SandboxPool, session_id: str, body: ExecRequest, request: Request
 ) -> ExecResult:
     """Run the call; if the client goes away first, kill it (nobody reads the result)."""
     call_id = body.call_id or new_id()[:16]
-    run = asyncio.create_task(
-        pool.run(
-            session_id, body.spec(), tool=body.tool, priority=body.priority, call_id=call_id,
-            turn=body.turn,
-        )
-    )  # fmt: skip
+    run = _start_call(pool, session_id, body, call_id)
     watch = asyncio.create_task(_wait_disconnect(request))
     try:
         await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -203,12 +214,9 @@ async def _stream_exec(pool: SandboxPool, session_id: str, body: ExecRequest) ->
     A client that disconnects closes this generator, which interrupts the call."""
     call_id = body.call_id or new_id()[:16]
     chunks: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
-    run = asyncio.create_task(
-        pool.run(
-            session_id, body.spec(), tool=body.tool, priority=body.priority, call_id=call_id,
-            turn=body.turn, on_output=lambda stream, data: chunks.put_nowait((stream, data)),
-        )
-    )  # fmt: skip
+    run = _start_call(
+        pool, session_id, body, call_id, lambda stream, data: chunks.put_nowait((stream, data))
+    )
     run.add_done_callback(lambda _: chunks.put_nowait(None))
     try:
         while (item := await chunks.get()) is not None:

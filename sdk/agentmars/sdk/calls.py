@@ -20,6 +20,7 @@ from agentmars.sdk.events import (
     ToolEnd,
     ToolEnqueue,
     ToolStart,
+    check_id,
     clock,
 )
 from agentmars.sdk.events import new_id as _new_id
@@ -264,10 +265,9 @@ class ToolCall(Scope):
         priority: int | None = None,
         session: Session | None = None,
     ) -> None:
-        if not isinstance(tool, str) or not 1 <= len(tool) <= 256:
-            raise ValueError("tool must be a non-empty name of at most 256 characters")
-        if call_id is not None and not (isinstance(call_id, str) and 1 <= len(call_id) <= 256):
-            raise ValueError("call_id must be a non-empty string of at most 256 characters")
+        check_id(tool, "tool")
+        if call_id is not None:
+            check_id(call_id, "call_id")
         self.tool = tool
         self._given_call_id = call_id
         self.call_id = call_id or _new_id()[:16]

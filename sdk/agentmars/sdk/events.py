@@ -48,6 +48,13 @@ def clock() -> dict[str, int]:
     return {"mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
 
 
+def check_id(value: object, what: str) -> str:
+    """Reject, at the call site, an id or name an event could not carry (``Id``)."""
+    if not isinstance(value, str) or not 1 <= len(value) <= 256:
+        raise ValueError(f"{what} must be a non-empty name of at most 256 characters")
+    return value
+
+
 def new_id() -> str:
     """A fresh random id (32 hex digits)."""
     return uuid.uuid4().hex

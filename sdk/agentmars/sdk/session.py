@@ -16,7 +16,7 @@ from contextvars import ContextVar, Token
 from typing import Self
 
 from agentmars.sdk.emitter import Emitter, default_emitter
-from agentmars.sdk.events import Event, SessionEnd, SessionStart, new_id
+from agentmars.sdk.events import Event, SessionEnd, SessionStart, check_id, new_id
 from agentmars.sdk.scope import Scope, outcome_of
 
 _CURRENT: ContextVar[Session | None] = ContextVar("agentmars_session", default=None)
@@ -45,12 +45,6 @@ def require_session(what: str) -> Session:
     return found
 
 
-def _check_id(value: str, what: str) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= 256:
-        raise ValueError(f"{what} must be a non-empty string of at most 256 characters")
-    return value
-
-
 class Session(Scope):
     """One agent session: emits ``session_start`` on entry and ``session_end`` on exit,
     numbers the session's LLM calls (turns) and tracks the tool transitions that
@@ -69,9 +63,7 @@ class Session(Scope):
     ) -> None:
         self._given_id = session_id
         # ``is not None``: an empty id is invalid, not a request for a random one.
-        self.session_id = (
-            _check_id(session_id, "session_id") if session_id is not None else new_id()
-        )
+        self.session_id = check_id(session_id, "session_id") if session_id is not None else new_id()
         self.agent = agent
         if metadata is not None and not isinstance(metadata, Mapping):
             raise ValueError("session metadata must map strings to strings")
