@@ -15,6 +15,19 @@ async def test_free_slots_are_granted_at_once_and_counted() -> None:
     assert (admission.active, admission.queued) == (2, 0)
 
 
+async def test_try_acquire_takes_a_free_slot_or_nothing() -> None:
+    admission = Admission(1)
+    assert admission.try_acquire() == 0
+    assert admission.try_acquire() is None
+    waiter = asyncio.create_task(admission.acquire())
+    await asyncio.sleep(0)
+    admission.release(0)  # handed to the waiter, not made free
+    assert admission.try_acquire() is None
+    assert await waiter == 0
+    admission.release(0)
+    assert admission.try_acquire() == 0
+
+
 async def test_waiters_are_served_by_priority_then_fifo() -> None:
     admission = Admission(1)
     held = await admission.acquire()

@@ -58,10 +58,17 @@ class Admission:
     def slots(self) -> int:
         return self._slots
 
-    async def acquire(self, priority: int = 0) -> int:
-        check_priority(priority)
+    def try_acquire(self) -> int | None:
+        """A slot at once if one is free and no call waits for one, else None."""
         if self._free and not self.queued:
             return heapq.heappop(self._free)
+        return None
+
+    async def acquire(self, priority: int = 0) -> int:
+        check_priority(priority)
+        slot = self.try_acquire()
+        if slot is not None:
+            return slot
         granted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiting, _Waiter(priority, next(self._seq), granted))
         try:

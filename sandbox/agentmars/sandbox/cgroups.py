@@ -16,6 +16,7 @@ removed by the next pool that starts.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -123,7 +124,8 @@ def _flat_key(path: Path, key: str) -> int | None:
 
 
 class SlotCgroup:
-    """One slot's groups: one directory per v1 hierarchy, a single one on v2."""
+    """One slot's groups: one directory per v1 hierarchy, a single one on v2 (fixed
+    when created, so the files derived from them are computed once)."""
 
     def __init__(self, index: int, version: Literal[1, 2], dirs: Mapping[Controller, Path]) -> None:
         self.index = index
@@ -134,12 +136,12 @@ class SlotCgroup:
     def controllers(self) -> frozenset[Controller]:
         return frozenset(self.dirs)
 
-    @property
+    @functools.cached_property
     def procs_files(self) -> list[Path]:
         """The files a process writes its pid to, to join every group of the slot."""
         return [directory / "cgroup.procs" for directory in self._unique_dirs()]
 
-    @property
+    @functools.cached_property
     def join_files(self) -> list[Path]:
         """The files a process writes ``0`` to, to join every group of the slot itself.
         On v1 these are ``tasks``: a thread that moves itself skips the lock that

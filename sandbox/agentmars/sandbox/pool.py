@@ -233,6 +233,9 @@ class SandboxPool:
             self._finish(ids, started["mono_ns"], result)
 
     async def _acquire_unless_cancelled(self, priority: int, cancel: asyncio.Event) -> int | None:
+        free = None if cancel.is_set() else self._admission.try_acquire()
+        if free is not None:  # the common case, without two tasks to wait for it
+            return free
         acquire = asyncio.ensure_future(self._admission.acquire(priority))
         interrupted = asyncio.ensure_future(cancel.wait())
         try:

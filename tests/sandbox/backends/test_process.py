@@ -20,7 +20,7 @@ import pydantic
 import pytest
 
 from agentmars.sandbox.backends.base import Job, OutputCallback, Slot
-from agentmars.sandbox.backends.process import SANDBOX_UID, ProcessBackend
+from agentmars.sandbox.backends.process import SANDBOX_UID, ProcessBackend, sandbox_env
 from agentmars.sandbox.cgroups import CgroupManager
 from agentmars.sandbox.config import SandboxConfig, default_readonly_paths
 from agentmars.sandbox.spec import TRUNCATION_MARKER, ExecResult, ExecSpec, SandboxError
@@ -320,6 +320,39 @@ async def test_a_job_has_no_capabilities(backend: ProcessBackend, workspace: Pat
     assert {name: int(value, 16) for name, value in sets.items()} == dict.fromkeys(
         ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), 0
     )
+
+
+def status_fields(text: str) -> dict[str, str]:
+    """``/proc/<pid>/status`` as a dict of stripped values."""
+    return {
+        name: value.strip()
+        for name, _, value in (line.partition(":") for line in text.splitlines())
+    }
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="jobs run as the pool's own uid")
+async def test_a_root_pools_job_cannot_become_root_again(
+    backend: ProcessBackend, workspace: Path
+) -> None:
+    script = "cat /proc/self/status; echo ---; cat /proc/1/status; kill -KILL 1"
+    result = await run(backend, workspace, sh(script))
+    job, pid1 = (status_fields(part) for part in result.stdout.split("---\n"))
+    assert job["Uid"].split() == job["Gid"].split() == [str(SANDBOX_UID)] * 4
+    assert job["Groups"] == ""
+    assert job["NoNewPrivs"] == "1"  # and an empty bounding set: see the test above
+    # pid 1 stays root with what dropping the job takes, out of the job's reach.
+    assert pid1["Uid"].split() == ["0"] * 4
+    setgid_setuid_setpcap = 0x1C0
+    assert int(pid1["CapEff"], 16) == int(pid1["CapPrm"], 16) == setgid_setuid_setpcap
+    assert "Operation not permitted" in result.stderr
+
+
+async def test_the_job_gets_exactly_its_environment(
+    backend: ProcessBackend, workspace: Path
+) -> None:
+    result = await run(backend, workspace, ["env", "-0"], env={"A": "b=c d", "LANG": "C"})
+    env = dict(entry.split("=", 1) for entry in result.stdout.split("\0") if entry)
+    assert env == sandbox_env(workspace, {"A": "b=c d", "LANG": "C"}) | {"PWD": str(workspace)}
 
 
 async def test_the_callers_environment_reaches_only_the_job(
@@ -656,6 +689,8 @@ async def test_cpu_and_wall_time(backend: ProcessBackend, workspace: Path) -> No
     assert result.wall_s >= 0.3
     idle = await run(backend, workspace, ["sleep", "0.4"])
     assert idle.wall_s >= 0.4
+    # Counted from where the busy job left the slot's counters, without any of it.
+    assert idle.cpu_s is not None and idle.cpu_s < 0.1
 
 
 # --- faults ----------------------------------------------------------------------

@@ -4,28 +4,32 @@ sees the host read-only except its own workspace, runs without capabilities and 
 as host root, and is pinned to its slot's cores and confined by the slot's cgroups
 (cpuset, memory, pids).
 
-A job's processes, none of them Python:
+A job's processes, none of them Python nor a shell: bubblewrap and the sandbox init
+(``sandbox_init.c``, a static C program built once per version of its source; see
+``sandbox_init.py``) in two roles.
 
-- ``/bin/sh`` (``HOLD``), spawned by the backend, moves itself into the slot's cgroups
-  and waits for a line on its stdin. Meanwhile the backend pins it to the slot's cores
-  and sets its rlimits; only then does it send the line, and the shell execs
-  bubblewrap. Everything the job starts inherits all three, so no process of the job
-  ever runs unconfined (and no ``preexec_fn`` runs in a forked copy of the threaded
-  event loop). If the backend goes away first, the shell reads EOF and exits.
-- bubblewrap sets up the sandbox and runs a shell as its pid 1 (``--as-pid-1``:
+- The init's host role, spawned by the backend, moves itself into the slot's cgroups,
+  pins itself to the slot's cores, sets its rlimits, then execs bubblewrap.
+  Everything the job starts inherits all three, so no process of the job ever runs
+  unconfined (and no ``preexec_fn`` runs in a forked copy of the threaded event loop).
+  If it cannot, it says why on the status pipe and exits having run nothing. It dies
+  with the backend (a parent-death signal), and exits at once if the backend is gone
+  already, so a job never starts unwatched.
+- bubblewrap sets up the sandbox and runs the init's pid 1 role (``--as-pid-1``:
   bubblewrap's own init can outlive bubblewrap, and is then left for the host's init
-  to reap). That shell runs the command as its child, reaps every orphan while it
-  waits, and exits with the command's status; when it exits, the kernel kills the
-  rest of the namespace.
+  to reap), from a descriptor the backend keeps open, so nothing is mounted for it.
+  It closes every descriptor but stdio, runs the command as its child, reaps every
+  orphan while it waits, and exits with the command's status; when it exits, the
+  kernel kills the rest of the namespace.
 - When the pool runs as root, pid 1 stays root, with no capability but CAP_SETUID,
   CAP_SETGID and CAP_SETPCAP, so that a job (``SANDBOX_UID``) can neither signal nor
-  trace it; its child is ``setpriv``, which drops to ``SANDBOX_UID`` with no
-  capabilities and an empty bounding set, and execs a second shell (``ENTER``) that
-  sets the job's environment and working directory, then execs the command. The
-  environment is set only after the drop, so nothing the caller controls
-  (``LD_PRELOAD``, ...) reaches a root process; the directory is entered after it
-  too, as a workspace handed to that uid may be closed to root without capabilities.
-  Without root, pid 1 is that ``ENTER`` shell itself, as the job's own uid.
+  trace it; its child drops to ``SANDBOX_UID`` (no groups, no capabilities, an empty
+  bounding set, no new privileges), and only then takes the job's environment, enters
+  its working directory and execs the command. The environment is set only after the
+  drop, so nothing the caller controls (``LD_PRELOAD``, ...) reaches a root process;
+  the directory is entered after it too, as a workspace handed to that uid may be
+  closed to root without capabilities. Without root, pid 1 already is the job's uid,
+  and its child only takes the environment and the directory.
 
 Exit status: the sandbox's pid 1 reports a death by signal n as exit code 128+n, as
 shells (and the docker backend) do, so codes 129-192 read as status ``killed`` with
@@ -65,6 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from agentmars.sandbox.backends import sandbox_init
 from agentmars.sandbox.backends.base import Job, OutputCallback, Slot, Stream
 from agentmars.sandbox.cgroups import CgroupManager, SlotCgroup
 from agentmars.sandbox.config import SandboxConfig
@@ -80,28 +85,6 @@ log = logging.getLogger(__name__)
 
 SANDBOX_UID = 65534
 """nobody: the uid and gid of jobs in the sandbox (and on the host, for a root pool)."""
-SHELL = "/bin/sh"
-"""Must exist on the host and, for sandboxed jobs, under the read-only paths."""
-UNCONFINED = 125
-"""The host shell's exit status when it could not join the slot's cgroups."""
-HOLD = (
-    f'while [ "$1" != -- ]; do echo 0 >"$1" || exit {UNCONFINED}; shift; done; shift; '
-    'read _ && exec "$@"'
-)
-"""The host shell: joins the slot's cgroups (the files before ``--``), waits for a line
-on stdin, then execs the rest of its arguments."""
-ENTER = (
-    'while [ "$1" != -- ]; do export "$1"; shift; done; cd -- "$2" || exit; unset OLDPWD; shift 2; '
-)
-"""Takes ``NAME=value... -- cwd command...``: exports the job's environment, enters its
-working directory (PWD follows: bubblewrap exported it), drops the arguments used."""
-RUN_SETPRIV = '"$@"; exit'
-"""pid 1 of a root pool: runs setpriv (an absolute path, so never taken for a builtin
-of the shell) as its child, reaping orphans while it waits, then exits with its
-status."""
-RUN_COMMAND = '(exec "$@"); exit'
-"""pid 1 otherwise, after ENTER: the same with the command (``exec``: never a builtin)."""
-SETPRIV_OPTIONS = ("--clear-groups", "--inh-caps=-all", "--bounding-set=-all")
 EXEC_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 KILL_TIMEOUT_S = 5.0
 PIPE_DRAIN_TIMEOUT_S = 2.0
@@ -111,12 +94,12 @@ PROBE_TIMEOUT_S = 30.0
 _READ_CHUNK = 65536
 
 Isolation = Literal["drop", "userns", "no-userns", "none"]
-"""How jobs are isolated. ``drop``: bubblewrap run by root, ``setpriv`` drops the job
-to ``SANDBOX_UID`` (a user namespace would map the job to host root, which may read
+"""How jobs are isolated. ``drop``: bubblewrap run by root, the sandbox init drops the
+job to ``SANDBOX_UID`` (a user namespace would map the job to host root, which may read
 every root-only file that is visible, e.g. /etc/shadow). ``userns``: bubblewrap in a
 user namespace, the job is the pool's own unprivileged uid. ``no-userns``: bubblewrap
 without one (set-uid bubblewrap). ``none``: no sandbox at all."""
-EndedBy = Literal["exit", "timeout", "cancelled", "closed", "unconfined"]
+EndedBy = Literal["exit", "timeout", "cancelled", "closed"]
 
 
 class _CappedStream:
@@ -202,15 +185,15 @@ class _JobOutput:
 
 
 class _HostProcess:
-    """The process the backend spawns (the ``HOLD`` shell, which becomes bubblewrap or,
-    without it, the command) and its stdin. It is reaped here with ``os.wait4``
-    rather than by asyncio's child watcher, for its resource usage: its own and that
-    of every process it reaped."""
+    """The process the backend spawns (the sandbox init's host role, which becomes
+    bubblewrap or, without it, the command) and its stdin. It is reaped here with
+    ``os.wait4`` rather than by asyncio's child watcher, for its resource usage: its own
+    and that of every process it reaped."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], stdin: int) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], stdin: int | None) -> None:
         self._loop = asyncio.get_running_loop()
         self._popen = popen
-        self._stdin: int | None = stdin
+        self._stdin = stdin
         self._writer: asyncio.WriteTransport | None = None
         self.pid = popen.pid
         self.returncode: int | None = None
@@ -225,15 +208,18 @@ class _HostProcess:
         argv: list[str],
         output: _JobOutput,
         *,
+        with_stdin: bool,
         env: dict[str, str],
         cwd: str,
-        pass_fds: tuple[int, ...] = (),
+        pass_fds: tuple[int, ...],
     ) -> _HostProcess:
-        """Start ``argv`` in its own session (so its process group can be killed),
-        its stdout and stderr read into ``output``."""
-        stdin, stdin_w = os.pipe()
+        """Start ``argv`` in its own session (so its process group can be killed), its
+        stdout and stderr read into ``output``; its stdin a pipe to ``feed``, or
+        /dev/null."""
+        stdin, stdin_w = _stdin_for(with_stdin)
         stdout_r, stdout = os.pipe()
         stderr_r, stderr = os.pipe()
+        ours = [fd for fd in (stdin_w, stdout_r, stderr_r) if fd is not None]
         try:
             popen = subprocess.Popen(
                 argv,
@@ -246,7 +232,7 @@ class _HostProcess:
                 pass_fds=pass_fds,
             )
         except BaseException:
-            for fd in (stdin_w, stdout_r, stderr_r):
+            for fd in ours:
                 os.close(fd)
             raise
         finally:
@@ -257,20 +243,14 @@ class _HostProcess:
         try:
             return cls(popen, stdin_w)
         except BaseException:
-            os.close(stdin_w)  # the held shell reads EOF and exits, having run nothing
+            if stdin_w is not None:
+                os.close(stdin_w)
             raise
 
-    async def release(self, stdin: str | None) -> None:
-        """Send the line the ``HOLD`` shell waits for, then the job's stdin."""
+    async def feed(self, stdin: str) -> None:
+        """Write ``stdin`` to the process, then close its stdin (in the background)."""
         fd, self._stdin = self._stdin, None
         assert fd is not None
-        try:
-            os.write(fd, b"\n")  # an empty pipe takes it without blocking
-        except BrokenPipeError:  # the shell is gone (it could not join the cgroups)
-            stdin = None
-        if stdin is None:
-            os.close(fd)
-            return
         pipe = open(fd, "wb", buffering=0)  # noqa: SIM115 (the transport closes it)
         transport, _ = await self._loop.connect_write_pipe(asyncio.Protocol, pipe)
         assert isinstance(transport, asyncio.WriteTransport)
@@ -309,6 +289,14 @@ class _HostProcess:
             self._stdin = None
         if self._writer is not None and not self._writer.is_closing():
             self._writer.abort()
+
+
+def _stdin_for(with_stdin: bool) -> tuple[int, int | None]:
+    """A child's stdin and the end we write to: a pipe, or /dev/null and nothing (not
+    an empty pipe: tools such as ripgrep search a pipe on stdin, not their files)."""
+    if with_stdin:
+        return os.pipe()
+    return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None
 
 
 @dataclass(frozen=True)
@@ -437,33 +425,6 @@ def _readonly_mounts(readonly_paths: list[Path]) -> tuple[list[str], _MountPoint
     return argv, mounts
 
 
-def _drop_argv(readonly_paths: list[Path]) -> list[str]:
-    """setpriv, dropping to SANDBOX_UID with no capabilities (an empty bounding set);
-    empty without setpriv. ``readonly_paths``: resolved."""
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        return []
-    user = _sandbox_name(Path("/etc/passwd"), readonly_paths)
-    group = _sandbox_name(Path("/etc/group"), readonly_paths)
-    return [setpriv, f"--reuid={user}", f"--regid={group}", *SETPRIV_OPTIONS, "--"]
-
-
-def _sandbox_name(table: Path, readonly_paths: list[Path]) -> str:
-    """SANDBOX_UID's name in ``table`` (/etc/passwd or /etc/group) where the sandbox
-    shows the host's, else the number."""
-    # NOTE: setpriv looks its argument up as a name before reading it as a number,
-    # so a number first misses every NSS source (loading systemd's costs ~0.3 ms);
-    # a name from /etc is found by the first, "files".
-    number = str(SANDBOX_UID)
-    if not any(_within(table, path) for path in readonly_paths):
-        return number
-    try:
-        entries = [line.split(":") for line in table.read_text().splitlines()]
-    except OSError:
-        return number
-    return next((fields[0] for fields in entries if fields[2:3] == [number]), number)
-
-
 def sandbox_env(workspace: Path, extra: dict[str, str]) -> dict[str, str]:
     """The job's environment, built from scratch (nothing of the host is inherited)."""
     path = [str(Path(sys.prefix) / "bin"), *EXEC_PATH]
@@ -476,14 +437,17 @@ class ProcessBackend:
 
     name = "process"
 
-    def __init__(self, bwrap: str = "bwrap", *, cgroups: bool = True) -> None:
+    def __init__(self, bwrap: str = "bwrap", *, cgroups: bool = True, compiler: str = "cc") -> None:
         """``bwrap``: the bubblewrap executable (a name looked up on PATH, or a path);
         ``cgroups``: False confines jobs without cgroups (rlimits, affinity), as on a
-        host where they are not writable."""
+        host where they are not writable; ``compiler``: the C compiler that builds the
+        sandbox init where no build of its current source is cached."""
         self._bwrap_name = bwrap
         self._use_cgroups = cgroups
+        self._compiler = compiler
         self._bwrap: str | None = None
-        self._drop: list[str] = []
+        self._init: str | None = None
+        self._init_fd: int | None = None
         self._config: SandboxConfig | None = None
         self._isolation: Isolation = "none"
         self._cgroups: CgroupManager | None = None
@@ -494,11 +458,15 @@ class ProcessBackend:
         self._mount_points = _MountPoints()
         self._closing = asyncio.Event()
         self._running: set[asyncio.Future[None]] = set()
+        self._idle_counters: dict[int, _Counters] = {}
+        """Per slot, its counters when its last job ended and left no process behind."""
 
     async def start(self, config: SandboxConfig, slots: list[Slot]) -> list[str]:
-        self._config = config
         self._readonly_resolved = [path.resolve() for path in config.readonly_paths]
         check_workspaces_hidden(config.workspace_root.resolve(), self._readonly_resolved)
+        init = await asyncio.to_thread(sandbox_init.ensure_built, self._compiler)
+        self._init, self._init_fd = str(init), os.open(init, os.O_RDONLY | os.O_CLOEXEC)
+        self._config = config
         self._readonly_argv, self._mount_points = _readonly_mounts(config.readonly_paths)
         warnings = self._set_up_cgroups(config, slots)
         try:
@@ -564,14 +532,10 @@ class ProcessBackend:
                 "working directory apply"
             ]
         root = os.geteuid() == 0
-        self._drop = _drop_argv(self._readonly_resolved)
         failures = []
         candidates: tuple[Isolation, ...] = ("drop", "userns") if root else ("userns", "no-userns")
         for isolation in candidates:
             self._isolation = isolation
-            if isolation == "drop" and not self._drop:
-                failures.append("drop: setpriv (util-linux) not found")
-                continue
             result = await self._probe(probe_slot)
             if result.status == "ok":
                 break
@@ -646,16 +610,14 @@ class ProcessBackend:
         group = self._groups.get(slot.index)
         output = _JobOutput(job.output_cap_bytes, on_output)
         started = time.monotonic()
-        process, status_fd = self._spawn(job, workspace, cwd, group, output)
+        # Read before the job exists, so that all it does counts; an empty slot's
+        # counters do not move, so those its last job ended with serve as well.
+        before = self._idle_counters.pop(slot.index, None) or _Counters.read(group)
+        process, status_fd = self._spawn(job, slot, workspace, cwd, group, output)
         try:
-            failure = self._confine(process.pid, slot)
-            # Read while the held shell starts up, which hides the cost: it is in the
-            # slot already, and nothing of the job runs before the release.
-            before = _Counters.read(group)
-            ended_by: EndedBy = "unconfined"
-            if failure is None:
-                await process.release(job.spec.stdin)
-                ended_by = await self._wait_for_end(process.exited, job.timeout_s, cancel)
+            if job.spec.stdin is not None:
+                await process.feed(job.spec.stdin)
+            ended_by = await self._wait_for_end(process.exited, job.timeout_s, cancel)
             if ended_by != "exit":
                 await self._kill(process, group)
             survivors = await self._kill_leftovers(group)
@@ -666,10 +628,12 @@ class ProcessBackend:
         finally:
             process.close()
             output.close()
-            ran = _read_available(status_fd) if status_fd is not None else ""
+            reports = _read_available(status_fd)
         output.emit_markers()
         after = _Counters.read(group)
-        outcome = self._outcome(ended_by, failure, process.returncode, ran, before, after, job)
+        if not survivors:
+            self._idle_counters[slot.index] = after
+        outcome = self._outcome(ended_by, process.returncode, reports, before, after, job)
         status, exit_status, details = outcome
         if survivors:
             details.append(f"{survivors} processes survived SIGKILL")
@@ -692,45 +656,54 @@ class ProcessBackend:
     def _spawn(
         self,
         job: Job,
+        slot: Slot,
         workspace: Path,
         cwd: Path,
         group: SlotCgroup | None,
         output: _JobOutput,
-    ) -> tuple[_HostProcess, int | None]:
-        """The ``HOLD`` shell, waiting to exec the job's command (without bubblewrap)
-        or bubblewrap; with bubblewrap, also the read end of its JSON status pipe."""
+    ) -> tuple[_HostProcess, int]:
+        """The sandbox init's host role, which confines itself, then execs bubblewrap
+        (or, without it, the command); and the read end of the status pipe, where it
+        reports failing to, and bubblewrap writes its JSON status."""
         env = sandbox_env(workspace, job.spec.env)
-        # The shell's stdin carries the release line; a job without stdin gets
-        # /dev/null, not an empty pipe (tools such as ripgrep read a pipe on stdin).
-        hold = HOLD if job.spec.stdin is not None else f"{HOLD} </dev/null"
-        joins = [str(path) for path in group.join_files] if group else []
-        hold_argv = [SHELL, "-c", hold, "sh", *joins, "--"]
-        if self._isolation == "none":
-            argv = [*hold_argv, *job.spec.command]
-            env_cwd = env | {"PWD": str(cwd)}
-            return _HostProcess.spawn(argv, output, env=env_cwd, cwd=str(cwd)), None
-        status_read, status_write = os.pipe()
+        status_read, report = os.pipe()
+        ours = [report]  # closed once the host role has them
         try:
-            argv = [*hold_argv, *self._bwrap_argv(job, workspace, cwd, env, status_write)]
-            process = _HostProcess.spawn(argv, output, env={}, cwd="/", pass_fds=(status_write,))
+            argv = self._host_argv(slot, group, report)
+            if self._isolation == "none":
+                argv += job.spec.command
+                spawn_env, spawn_cwd, passed = env | {"PWD": str(cwd)}, str(cwd), [report]
+            else:
+                ours.append(os.dup(report))  # bubblewrap's: the host role closes its own
+                argv += self._bwrap_argv(job, workspace, cwd, env, ours[-1])
+                assert self._init_fd is not None
+                spawn_env, spawn_cwd, passed = {}, "/", [*ours, self._init_fd]
+            process = _HostProcess.spawn(
+                argv,
+                output,
+                with_stdin=job.spec.stdin is not None,
+                env=spawn_env,
+                cwd=spawn_cwd,
+                pass_fds=tuple(passed),
+            )
         except BaseException:
             os.close(status_read)
             raise
         finally:
-            os.close(status_write)
+            for fd in ours:
+                os.close(fd)
         return process, status_read
 
-    def _confine(self, pid: int, slot: Slot) -> str | None:
-        """Pin and limit the held shell (it joins the cgroups itself; joining a cpuset
-        sets the affinity to the cpuset's cores, the same ones); why that failed, or
-        None."""
-        try:
-            os.sched_setaffinity(pid, slot.cores)
-            for limit, value in self._rlimits.items():
-                resource.prlimit(pid, limit, (value, value))
-        except OSError as exc:
-            return f"cannot confine the job: {exc}"
-        return None
+    def _host_argv(self, slot: Slot, group: SlotCgroup | None, report: int) -> list[str]:
+        """The sandbox init's host role, up to the program it execs (see its source)."""
+        assert self._init is not None
+        argv = [self._init, "host", "--parent", str(os.getpid()), "--report", str(report)]
+        argv += ["--cpus", ",".join(map(str, slot.cores))]
+        for limit, value in self._rlimits.items():
+            argv += ["--rlimit", f"{limit}={value}"]
+        for path in group.join_files if group else ():
+            argv += ["--join", str(path)]
+        return [*argv, "--"]
 
     def _bwrap_argv(
         self, job: Job, workspace: Path, cwd: Path, env: dict[str, str], status_fd: int
@@ -758,20 +731,22 @@ class ProcessBackend:
         return argv + self._pid1_argv(job, cwd, env)
 
     def _pid1_argv(self, job: Job, cwd: Path, env: dict[str, str]) -> list[str]:
-        """The sandbox's pid 1 and its arguments (see the module docstring)."""
-        # NOTE: ENTER enters cwd inside the sandbox, so even a symlink swapped in after
-        # resolve_cwd() can only lead to what the sandbox shows.
-        entered = [*(f"{name}={value}" for name, value in env.items()), "--", str(cwd)]
-        entered += job.spec.command
-        if self._isolation != "drop":
-            return [SHELL, "-c", ENTER + RUN_COMMAND, "sh", *entered]
-        enter = [SHELL, "-c", ENTER + 'exec "$@"', "sh"]
-        return [SHELL, "-c", RUN_SETPRIV, "sh", *self._drop, *enter, *entered]
+        """The sandbox init's pid 1 role, which runs the command (see its source)."""
+        # NOTE: the init enters cwd inside the sandbox, so even a symlink swapped in
+        # after resolve_cwd() can only lead to what the sandbox shows.
+        # NOTE: run from the descriptor it inherits (and closes), not mounted: one
+        # mount less for bubblewrap, which reads the whole mount table after each.
+        argv = [f"/proc/self/fd/{self._init_fd}", "pid1", "--cwd", str(cwd)]
+        if self._isolation == "drop":
+            argv += ["--drop", str(SANDBOX_UID)]
+        for name, value in env.items():
+            argv += ["--env", f"{name}={value}"]
+        return [*argv, "--", *job.spec.command]
 
     def _identity_argv(self) -> list[str]:
         """Who the job is; it has no capabilities in any mode."""
         if self._isolation == "drop":
-            # pid 1 keeps only what setpriv needs to drop the job to SANDBOX_UID and
+            # pid 1 keeps only what the init needs to drop the job to SANDBOX_UID and
             # empty its bounding set; bubblewrap run by root keeps every capability
             # otherwise.
             kept = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
@@ -845,15 +820,14 @@ class ProcessBackend:
     def _outcome(
         self,
         ended_by: EndedBy,
-        failure: str | None,
         returncode: int | None,
-        ran: str,
+        reports: str,
         before: _Counters,
         after: _Counters,
         job: Job,
     ) -> tuple[ExecStatus, int | None, list[str]]:
         """Status, exit status and the reasons, in words, for how the job ended;
-        ``ran``: what bubblewrap wrote on its JSON status pipe."""
+        ``reports``: what the status pipe holds (see ``_spawn``)."""
         assert self._config is not None
         limits = []
         oom_kills = _delta(after.oom_kills, before.oom_kills)
@@ -873,13 +847,12 @@ class ProcessBackend:
         if ended_by in ("cancelled", "closed"):
             why = "cancelled" if ended_by == "cancelled" else "the sandbox backend was closed"
             return "cancelled", -signal.SIGKILL, [why, *limits]
-        if failure is not None:
-            return "error", None, [f"the sandbox failed: {failure}"]
+        status = _parse_reports(reports)
+        if "unconfined" in status:
+            return "error", None, [f"the sandbox failed: {status['unconfined']}"]
         assert returncode is not None
         sandboxed = self._isolation != "none"
-        if sandboxed and returncode >= 0 and not _command_ran(ran):
-            if returncode == UNCONFINED:
-                return "error", None, ["the sandbox failed: cannot join the slot's cgroups"]
+        if sandboxed and returncode >= 0 and "exit-code" not in status:
             why = f"the sandbox could not start the command (exit status {returncode}); see stderr"
             return "error", returncode, [why]
         if sandboxed and 128 < returncode <= 128 + signal.SIGRTMAX:  # see the docstring
@@ -915,6 +888,9 @@ class ProcessBackend:
             await asyncio.to_thread(self._cgroups.close)
             self._cgroups = None
         self._groups.clear()
+        if self._init_fd is not None:
+            os.close(self._init_fd)
+            self._init_fd = None
 
 
 def _read_available(fd: int) -> str:
@@ -929,15 +905,17 @@ def _read_available(fd: int) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def _command_ran(status: str) -> bool:
-    """Whether bubblewrap ran its command (the sandbox's pid 1): it reports an
-    ``exit-code`` on its JSON status pipe only then, not when it could not set the
-    sandbox up. Only bubblewrap writes there (it closes the pipe in the sandbox)."""
-    for line in status.splitlines():
-        with contextlib.suppress(ValueError):
-            if "exit-code" in json.loads(line):
-                return True
-    return False
+def _parse_reports(text: str) -> dict[str, Any]:
+    """The JSON lines on the status pipe, merged: the host init's ``unconfined`` (why
+    it could not confine itself; it ran nothing), and bubblewrap's status, with an
+    ``exit-code`` only if it ran its command (the sandbox's pid 1), not when it could
+    not set the sandbox up. Only these two write there (bubblewrap closes the pipe in
+    the sandbox)."""
+    merged: dict[str, Any] = {}
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError, TypeError):
+            merged.update(json.loads(line))
+    return merged
 
 
 def _signal_detail(signum: int, exit_code: int | None = None) -> str:

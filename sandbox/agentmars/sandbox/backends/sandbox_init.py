@@ -1,0 +1,84 @@
+"""The sandbox init (``sandbox_init.c``): the process backend's host shim and the
+sandbox's pid 1, one small static C program (see the process backend's docstring).
+
+It is built on first use with the system C compiler into
+``~/.cache/agentmars/sandbox-init/<key>/sandbox-init``, the key being the SHA-256 of
+the source and the compiler flags, so a changed source is built anew and never mistaken
+for an old build. ``make env`` builds it ahead (``python -m
+agentmars.sandbox.backends.sandbox_init``), so no timed run compiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from agentmars.sandbox.spec import SandboxError
+
+SOURCE = Path(__file__).with_name("sandbox_init.c")
+CFLAGS = ("-O2", "-static", "-Wall", "-Wextra")
+"""Static: a job's exec of it loads no shared library and reads no environment."""
+NEEDED = "install gcc and libc6-dev (Debian packages; see scripts/apt-packages.txt)"
+BUILD_TIMEOUT_S = 120.0
+
+
+def cache_root() -> Path:
+    return Path.home() / ".cache" / "agentmars" / "sandbox-init"
+
+
+def cache_key(source: bytes, flags: tuple[str, ...] = CFLAGS) -> str:
+    digest = hashlib.sha256(source)
+    for flag in flags:
+        digest.update(b"\0" + flag.encode())
+    return digest.hexdigest()
+
+
+def ensure_built(compiler: str = "cc") -> Path:
+    """The built init for the current source: from the cache, else compiled with
+    ``compiler`` (a name looked up on PATH, or a path)."""
+    source = SOURCE.read_bytes()
+    binary = cache_root() / cache_key(source) / "sandbox-init"
+    if binary.is_file():
+        return binary
+    found = shutil.which(compiler)
+    if found is None:
+        raise SandboxError(
+            f"no C compiler found ({compiler!r}): the process backend builds its sandbox "
+            f"init from {SOURCE.name} with one; {NEEDED}"
+        )
+    _compile(found, source, binary)
+    return binary
+
+
+def _compile(compiler: str, source: bytes, binary: Path) -> None:
+    """Compile ``source`` (the bytes the key was computed from, on stdin) to a temporary
+    file beside ``binary``, then rename it into place: a process racing this one, or
+    one killed midway, never leaves a partial binary under the final name."""
+    binary.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, temporary = tempfile.mkstemp(dir=binary.parent, prefix=".building-")
+    os.close(fd)
+    try:
+        argv = [compiler, *CFLAGS, "-o", temporary, "-x", "c", "-"]
+        try:
+            built = subprocess.run(argv, input=source, capture_output=True, timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            raise SandboxError(f"building the sandbox init took over {exc.timeout:g} s") from exc
+        if built.returncode != 0:
+            raise SandboxError(
+                f"cannot build the sandbox init ({' '.join(argv)}): "
+                f"{built.stderr.decode(errors='replace').strip()}; {NEEDED}"
+            )
+        os.chmod(temporary, 0o755)
+        os.replace(temporary, binary)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+
+
+if __name__ == "__main__":
+    print(ensure_built())
