@@ -10,13 +10,15 @@ PYTHON  ?= $(shell scripts/find-python.sh)
 MYPY_CORE := sdk/agentmars/sdk sandbox/agentmars/sandbox server/agentmars/server cli/agentmars
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: help env test lint typecheck pytest demo bench lock clean
+.PHONY: help env test lint typecheck pytest demo bench lock clean vllm-env vllm-smoke vllm-lock
 
 help:
 	@echo "make demo   - run instrumented agents against a local server, print the event stream"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make bench  - run the benchmarks (figures in docs/benchmarks.md)"
 	@echo "make env    - create $(VENV) with every extra (Python 3.12) and system packages"
+	@echo "make vllm-env   - the vLLM CPU environment (Python 3.11) and the tiny model; prints their paths"
+	@echo "make vllm-smoke - start vLLM CPU with the tiny model, check and time it (docs/vllm-cpu.md)"
 
 $(STAMP): pyproject.toml requirements/main.lock scripts/apt-packages.txt
 	scripts/install-system-packages.sh
@@ -55,6 +57,20 @@ lock:
 	/tmp/agentmars-lock/bin/python -m pip install -q --upgrade pip
 	/tmp/agentmars-lock/bin/python -m pip install -q -e ".[all,dev]"
 	/tmp/agentmars-lock/bin/python -m pip freeze --exclude-editable > requirements/main.lock
+
+# The vLLM CPU environment (cached in ~/.cache/agentmars, see docs/vllm-cpu.md).
+VLLM_PYTHON = $$(scripts/vllm-env.sh)
+
+vllm-env:
+	@py=$(VLLM_PYTHON) && model=$$($$py -m agentmars.server.engines.vllm.tiny_model) && \
+	  echo "vLLM python: $$py" && echo "tiny model:  $$model"
+
+vllm-smoke:
+	@py=$(VLLM_PYTHON) && $$py -m agentmars.server.engines.vllm.smoke
+
+# Re-resolve requirements/vllm.txt into requirements/vllm.lock.
+vllm-lock:
+	scripts/vllm-env.sh --lock
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out

@@ -8,7 +8,17 @@ import sys
 
 import pytest
 
-HEAVY = ["fastapi", "uvicorn", "litellm", "openai", "opentelemetry", "vllm", "torch", "httpx"]
+HEAVY = [
+    "fastapi",
+    "uvicorn",
+    "litellm",
+    "openai",
+    "opentelemetry",
+    "vllm",
+    "torch",
+    "httpx",
+    "matplotlib",
+]
 
 
 def _loaded_after(statement: str) -> dict[str, object]:
@@ -34,6 +44,9 @@ def _loaded_after(statement: str) -> dict[str, object]:
         ("import agentmars.sdk.sinks.http", {"httpx"}),
         ("import agentmars.sdk.integrations.openai", {"openai", "httpx"}),
         ("import agentmars.cli.main", set()),
+        # The policies and the simulator also install into the vLLM environment.
+        ("import agentmars.server.sim.sweep", set()),
+        ("from agentmars.server.policies.registry import policy_names; policy_names()", set()),
     ],
 )
 def test_part_loads_only_what_it_needs(statement: str, allowed: set[str]) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
-from agentmars.server.background import serve_in_subprocess
+from agentmars.server.background import live_group_members, serve_in_subprocess
 from agentmars.server.ingest import TOKEN_ENV
 
 
@@ -27,3 +29,31 @@ def test_subprocess_that_cannot_start_reports_why() -> None:
     command = ["env", "-u", TOKEN_ENV, sys.executable, "-m", "agentmars.server.ingest"]
     with pytest.raises(RuntimeError, match=TOKEN_ENV), serve_in_subprocess(command):
         pass
+
+
+def test_subprocess_output_goes_to_the_log_file_and_explains_a_failed_start(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "server.log"
+    script = "import sys; print('to stdout'); sys.exit('to stderr')"
+    with (
+        pytest.raises(RuntimeError, match="exited with 1: to stdout\nto stderr"),
+        serve_in_subprocess([sys.executable, "-c", script], log_path=log),
+    ):
+        pass
+    assert log.read_text() == "to stdout\nto stderr\n"
+
+
+def test_group_members_include_this_process() -> None:
+    assert os.getpid() in live_group_members(os.getpgrp())
+
+
+def test_subprocess_children_that_outlive_the_server_are_stopped_too(tmp_path: Path) -> None:
+    child_pid_file = tmp_path / "child.pid"
+    # The server leaves a child behind that ignores SIGTERM (inherited SIG_IGN).
+    script = f'(trap "" TERM; exec sleep 60) & echo $! > {child_pid_file}; exec "$0" "$@"'
+    command = ["sh", "-c", script, sys.executable, "-m", "agentmars.server.ingest"]
+    with serve_in_subprocess(command, env={TOKEN_ENV: "t0ken"}, stop_grace_s=1.0):
+        group = os.getpgid(int(child_pid_file.read_text()))
+        assert len(live_group_members(group)) == 2
+    assert live_group_members(group) == []

@@ -21,9 +21,14 @@ bench_app = typer.Typer(
 )
 events_app = typer.Typer(help="Inspect event-stream files (JSONL).", no_args_is_help=True)
 sandbox_app = typer.Typer(help="The sandbox pool that runs agents' tools.", no_args_is_help=True)
+sim_app = typer.Typer(
+    help="Scheduling policies on the simulated engine: runs, sweeps, what is registered.",
+    no_args_is_help=True,
+)
 app.add_typer(bench_app, name="bench")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(events_app, name="events")
+app.add_typer(sim_app, name="sim")
 
 
 @app.command()
@@ -37,6 +42,64 @@ def demo(
     from agentmars.cli.demo import run_demo
 
     run_demo(out)
+
+
+@app.command()
+def calibrate(
+    out: Annotated[Path, typer.Option(help="Write the profile JSON here.")],
+    url: Annotated[str, typer.Option(help="The running vLLM server.")] = "http://127.0.0.1:8000",
+    model: Annotated[str | None, typer.Option(help="Served model id (see /v1/models).")] = None,
+    name: Annotated[str | None, typer.Option(help="Profile name (default: --out's stem).")] = None,
+    description: Annotated[
+        str | None, typer.Option(help="Profile description (default: model, server, date).")
+    ] = None,
+    record: Annotated[
+        Path | None, typer.Option(help="Raw measurements file (default: next to --out).")
+    ] = None,
+    from_recording: Annotated[
+        Path | None, typer.Option(help="Fit this recording again instead of measuring.")
+    ] = None,
+    block_size: Annotated[int | None, typer.Option(min=1, help="Default: the server's.")] = None,
+    num_gpu_blocks: Annotated[
+        int | None, typer.Option(min=1, help="Default: the server's.")
+    ] = None,
+    max_model_len: Annotated[int | None, typer.Option(min=1, help="Default: the server's.")] = None,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="The server's setting.")] = 128,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(min=1, help="The server's setting.")
+    ] = 2048,
+    kv_bytes_per_token: Annotated[int | None, typer.Option(min=1)] = None,
+    hf_config: Annotated[
+        Path | None, typer.Option(help="The model's config.json (KV bytes, vocabulary).")
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Runs of each probe.")] = 2,
+    quick: Annotated[bool, typer.Option(help="A few probes of each kind only.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the random prompts.")] = 0,
+) -> None:
+    """Measure a running vLLM server (prefill, decode, batched and mixed probes), fit the
+    simulator's step-time model and write a profile (defaults: vLLM's CPU settings)."""
+    from agentmars.cli.calibrate import CalibrateOptions, run
+
+    options = CalibrateOptions(
+        url=url,
+        model=model,
+        out=out,
+        name=name,
+        description=description,
+        record_path=record,
+        from_recording=from_recording,
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        kv_bytes_per_token=kv_bytes_per_token,
+        hf_config=hf_config,
+        repeats=repeats,
+        quick=quick,
+        seed=seed,
+    )
+    raise typer.Exit(run(options))
 
 
 @bench_app.command("sdk")
@@ -66,6 +129,32 @@ def bench_sandbox(
     from agentmars.bench.sandbox import run
 
     run(calls, tools, json_out)
+
+
+@bench_app.command("sim")
+def bench_sim(
+    workload: Annotated[str, typer.Option(help="Registered workload.")] = "ilr-4",
+    sessions: Annotated[int, typer.Option(min=1)] = 200,
+    rate: Annotated[float, typer.Option(min=0.001, help="Arrival rate (sessions/s).")] = 0.3,
+    policies: Annotated[str, typer.Option(help="Comma-separated.")] = "fcfs,continuum",
+    profile: Annotated[str, typer.Option()] = "h100-qwen3-coder-30b",
+    baseline: Annotated[
+        bool, typer.Option(help="Also run step by step (decode jumps off) for the ratio.")
+    ] = True,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
+) -> None:
+    """Wall time of a simulated run (target: 200 ILR-4 sessions in <= 30 s on one core)."""
+    from agentmars.bench.sim import run
+
+    run(
+        workload,
+        sessions,
+        rate,
+        [p.strip() for p in policies.split(",")],
+        profile,
+        baseline,
+        json_out,
+    )
 
 
 @events_app.command("validate")
@@ -140,6 +229,147 @@ def sandbox_serve(
     except BadOption as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+def _sim(
+    workloads: str,
+    rates: str | None,
+    concurrency: int | None,
+    policies: str,
+    profile: str,
+    sessions: int,
+    seed: int,
+    tool_cores: int,
+    out: Path,
+    jobs: int,
+    report: bool,
+) -> None:
+    from agentmars.cli.sim import BadInput, BadOption, parse_list, parse_rates, run_plan
+    from agentmars.server.sim.engine import SimConfig
+    from agentmars.server.sim.sweep import SweepPlan
+
+    try:
+        plan = SweepPlan(
+            workloads=parse_list(workloads, "--workload"),
+            policies=parse_list(policies, "--policies"),
+            profile=profile,
+            rates=parse_rates(rates, "--rate"),
+            concurrency=concurrency,
+            sessions=sessions,
+            seed=seed,
+            config=SimConfig(tool_cores=tool_cores),
+        )
+        code = run_plan(plan, out, jobs=jobs, report=report)
+    except (BadOption, *BadInput) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+SimWorkloads = Annotated[
+    str,
+    typer.Option(
+        "--workload", "--workloads", help="Registered names or workload files, comma-separated."
+    ),
+]
+SimRates = Annotated[
+    str | None,
+    typer.Option("--rate", "--rates", help="Poisson arrival rates (sessions/s), comma-separated."),
+]
+SimConcurrency = Annotated[
+    int | None,
+    typer.Option(min=1, help="Closed loop with this many sessions at once (instead of --rate)."),
+]
+SimPolicies = Annotated[
+    str, typer.Option(help="Policies, comma-separated (see `agentmars sim policies`).")
+]
+SimProfile = Annotated[str, typer.Option(help="Cost-model profile name or JSON file.")]
+SimSessions = Annotated[int, typer.Option(min=1, help="Sessions per generated workload.")]
+SimSeed = Annotated[int, typer.Option(help="Seed of the workload generator.")]
+SimToolCores = Annotated[int, typer.Option(min=1, help="Host cores for tools.")]
+SimOut = Annotated[Path, typer.Option(help="Folder for results.json and the report.")]
+SimJobs = Annotated[int, typer.Option(min=1, help="Runs in parallel (worker processes).")]
+SimReport = Annotated[bool, typer.Option(help="Draw the PNG plots and index.html.")]
+
+
+@sim_app.command("run")
+def sim_run(
+    workload: SimWorkloads,
+    policies: SimPolicies = "fcfs,autellix,infercept,continuum,continuum-dy",
+    rate: SimRates = None,
+    concurrency: SimConcurrency = None,
+    profile: SimProfile = "h100-qwen3-coder-30b",
+    sessions: SimSessions = 200,
+    seed: SimSeed = 1,
+    tool_cores: SimToolCores = 16,
+    out: SimOut = Path("out/sim"),
+    jobs: SimJobs = 1,
+    report: SimReport = True,
+) -> None:
+    """Run policies on one workload at one load; table, results.json and plots."""
+    _sim(
+        workload,
+        rate,
+        concurrency,
+        policies,
+        profile,
+        sessions,
+        seed,
+        tool_cores,
+        out,
+        jobs,
+        report,
+    )
+
+
+@sim_app.command("sweep")
+def sim_sweep(
+    workloads: SimWorkloads = "ilr-1,ilr-2,ilr-3,ilr-4",
+    rates: SimRates = "0.1,0.2,0.3,0.4,0.5",
+    policies: SimPolicies = "fcfs,autellix,infercept,continuum,continuum-dy",
+    concurrency: SimConcurrency = None,
+    profile: SimProfile = "h100-qwen3-coder-30b",
+    sessions: SimSessions = 200,
+    seed: SimSeed = 1,
+    tool_cores: SimToolCores = 16,
+    out: SimOut = Path("out/sweep"),
+    jobs: SimJobs = 1,
+    report: SimReport = True,
+) -> None:
+    """Run policies over every (workload, rate) pair; tables, results.json and plots."""
+    if concurrency is not None:
+        rates = None
+    _sim(
+        workloads,
+        rates,
+        concurrency,
+        policies,
+        profile,
+        sessions,
+        seed,
+        tool_cores,
+        out,
+        jobs,
+        report,
+    )
+
+
+@sim_app.command("policies")
+def sim_policies() -> None:
+    """The registered scheduling policies."""
+    from agentmars.cli.sim import list_rows
+    from agentmars.server.policies.registry import describe_policy, policy_names
+
+    list_rows("policies", ((name, describe_policy(name)) for name in policy_names()))
+
+
+@sim_app.command("workloads")
+def sim_workloads() -> None:
+    """The registered workload generators."""
+    from agentmars.cli.sim import list_rows
+    from agentmars.server.workloads.registry import describe_workload, workload_names
+
+    list_rows("workloads", ((name, describe_workload(name)) for name in workload_names()))
 
 
 if __name__ == "__main__":

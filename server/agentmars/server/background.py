@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -61,32 +62,41 @@ def serve_in_subprocess(
     env: dict[str, str] | None = None,
     health_path: str = "/healthz",
     startup_timeout_s: float = 30.0,
+    log_path: Path | None = None,
+    stop_grace_s: float = 5.0,
 ) -> Iterator[str]:
     """Run a server process (``argv`` plus ``--port N``) in its own process group until
     the block ends; yields its base URL once ``health_path`` answers 200. On exit the
-    whole group gets SIGTERM, then SIGKILL if it lingers, so nothing is orphaned."""
+    whole group gets SIGTERM, then SIGKILL if it lingers ``stop_grace_s``, so nothing is
+    orphaned. With ``log_path`` the server's stdout and stderr go to that file (a chatty
+    server such as vLLM would fill an unread pipe and block); else stdout is dropped
+    and stderr piped, read only to report a failed start."""
     port = free_loopback_port()
-    process = subprocess.Popen(
-        [*argv, "--port", str(port)],
-        env={**os.environ, **(env or {})},
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(log_path.open("wb")) if log_path else None
+        process = subprocess.Popen(
+            [*argv, "--port", str(port)],
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+            stdout=log or subprocess.DEVNULL,
+            stderr=log or subprocess.PIPE,
+        )
     base_url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(process, base_url + health_path, startup_timeout_s)
+        _wait_healthy(process, base_url + health_path, startup_timeout_s, log_path)
         yield base_url
     finally:
-        _stop_group(process)
+        _stop_group(process, stop_grace_s)
 
 
-def _wait_healthy(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
+def _wait_healthy(
+    process: subprocess.Popen[bytes], url: str, timeout_s: float, log_path: Path | None
+) -> None:
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=1.0) as client:
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                error = process.stderr.read().decode(errors="replace") if process.stderr else ""
+                error = _error_output(process, log_path)
                 raise RuntimeError(f"server exited with {process.returncode}: {error[-2000:]}")
             try:
                 if client.get(url).status_code == 200:
@@ -97,12 +107,37 @@ def _wait_healthy(process: subprocess.Popen[bytes], url: str, timeout_s: float) 
     raise RuntimeError(f"server did not answer {url} within {timeout_s:.0f} s")
 
 
+def _error_output(process: subprocess.Popen[bytes], log_path: Path | None) -> str:
+    if log_path is not None:
+        return log_path.read_text(errors="replace")
+    return process.stderr.read().decode(errors="replace") if process.stderr else ""
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Pids of the running processes of process group ``pgid`` (zombies excluded), from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # After "(command name)": state, ppid, pgrp, ...
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # the process ended while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
 def _stop_group(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM the group, wait for every member (not only the leader: children may
+    outlive it, e.g. a resource tracker cleaning up), then SIGKILL whatever is left."""
+    deadline = time.monotonic() + grace_s
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(grace_s)
-    except subprocess.TimeoutExpired:
+    while live_group_members(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if process.poll() is None or live_group_members(process.pid):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()

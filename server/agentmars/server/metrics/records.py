@@ -1,0 +1,124 @@
+"""What a run leaves behind, the same from every engine (the simulator, a replay on the
+real stack, the gateway): one record per session with its LLM calls and tool calls,
+plus engine-wide KV and CPU counters. The metrics (``metrics.summary``) are computed
+from these records only, so a simulated and a measured run are compared by the same
+code.
+
+Times are seconds since the start of the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One LLM call (a turn's generation)."""
+
+    turn: int
+    submit_s: float
+    """When the call reached the engine (after admission)."""
+    first_token_s: float
+    end_s: float
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+    """Prompt tokens found in the prefix cache when the call was first scheduled."""
+    recomputed_tokens: int = 0
+    """Tokens computed again after a preemption (by recompute) of this call."""
+    preemptions: int = 0
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.submit_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (None for one-token answers)."""
+        if self.output_tokens < 2:
+            return None
+        return (self.end_s - self.first_token_s) / (self.output_tokens - 1)
+
+
+@dataclass(slots=True)
+class ToolRecord:
+    """One tool call on the host."""
+
+    turn: int
+    kind: str
+    enqueue_s: float
+    start_s: float
+    end_s: float
+
+    @property
+    def queue_s(self) -> float:
+        return self.start_s - self.enqueue_s
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """One session from arrival to the last token of its last turn."""
+
+    session_id: str
+    agent: str
+    arrival_s: float
+    admitted_s: float
+    end_s: float
+    calls: list[CallRecord] = field(default_factory=list)
+    tools: list[ToolRecord] = field(default_factory=list)
+
+    @property
+    def latency_s(self) -> float:
+        """End-to-end latency: arrival to the last token of the last turn."""
+        return self.end_s - self.arrival_s
+
+
+@dataclass(slots=True)
+class KVSample:
+    """The KV cache at one instant (in blocks)."""
+
+    time_s: float
+    free: int
+    used: int
+    pinned: int
+    cpu_used: int = 0
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """Everything one run of one policy on one workload produced."""
+
+    workload: str
+    policy: str
+    engine: str
+    """``sim:<profile>`` or the real engine's name."""
+    seed: int | None
+    sessions: list[SessionRecord]
+    """The sessions that finished."""
+    duration_s: float
+    """From the start of the run to the end of its last session."""
+    total_blocks: int
+    block_size: int
+    tool_cores: int
+    evictions: list[tuple[float, int]] = field(default_factory=list)
+    """(time, blocks): cached KV blocks removed from the GPU (reallocated to other
+    content, or dropped); seed 000 Fig. 3's "KV block removals"."""
+    kv_samples: list[KVSample] = field(default_factory=list)
+    preemptions: int = 0
+    prefix_queries: int = 0
+    """Prompt tokens looked up in the prefix cache."""
+    prefix_hits: int = 0
+    """Of those, tokens found."""
+    pinned_block_s: float = 0.0
+    """Sum over time of blocks held by pins (block-seconds)."""
+    tool_busy_core_s: float = 0.0
+    """CPU time the tools used (core-seconds)."""
+    steps: int = 0
+    """Engine steps (iterations of continuous batching)."""
+    computed_tokens: int = 0
+    """Tokens whose KV the engine computed, recomputation included (not the ones
+    found in a cache or loaded from the CPU tier)."""
+    unfinished: list[str] = field(default_factory=list)
+    """Ids of the sessions that arrived but had not finished when the run stopped (a
+    time limit); the summary counts them, and they fail session-level SLO attainment."""

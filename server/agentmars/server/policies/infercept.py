@@ -1,0 +1,119 @@
+"""InferCept (Abhyankar et al., 2024; WukLab/InferCept): keep, swap or discard the KV
+of a call paused for a tool by the memory it would waste (notes/baselines.md
+"InferCept"; equations as restated in seed 001, Appendix A.3)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agentmars.sdk.events import Event, SessionEnd
+from agentmars.server.policies.interface import (
+    CallView,
+    EngineView,
+    KVDecision,
+    Pin,
+    PinView,
+    Policy,
+    Release,
+    SessionAction,
+    SortKey,
+)
+from agentmars.server.policies.registry import register
+
+
+@dataclass(frozen=True, slots=True)
+class Waste:
+    """Memory x time each handling wastes, in token-seconds (InferCept Eq. 1-3 without
+    the common factor M, the bytes per token)."""
+
+    preserve: float
+    discard: float
+    swap: float
+
+
+def waste(context: int, remaining_tool_s: float, other_context: int, view: EngineView) -> Waste:
+    """WastePreserve = T_INT * C_i; WasteDiscard = T_fwd(C_i) * (C_i + C_other);
+    WasteSwap = 2 * T_swap(C_i) * C_batch, with C_batch = C_i + C_other."""
+    forward = view.costs.prefill_time(context)
+    swap = view.costs.transfer_time(view.blocks_for(context))
+    return Waste(
+        preserve=remaining_tool_s * context,
+        discard=forward * (context + other_context),
+        swap=2 * swap * (context + other_context),
+    )
+
+
+@register
+class InferCept(Policy):
+    """InferCept: per paused call, preserve, swap or discard, whichever wastes least.
+
+    At every engine step (its "iteration"), the intercepted sessions (their tool still
+    runs) whose KV is still on the GPU are sorted by min(WasteDiscard, WastePreserve),
+    highest first, and swapped out in that order within the step's swap budget (the
+    tokens the CPU link moves in one step's time, so swapping never stalls a step, and
+    no more than the CPU tier has room for); of the rest, those with WasteDiscard <
+    WastePreserve are discarded, the others kept. T_INT is the tool's remaining time
+    from the oracle duration, as the released code uses. Queues are FCFS by the
+    request's (session's) original arrival. A finished call is kept at first and judged
+    at the next step."""
+
+    name = "infercept"
+    variant = "WukLab/InferCept released code: waste equations with oracle tool durations"
+    tick_interval_s = 0.0
+    needs_cpu_tier = True
+
+    def __init__(self) -> None:
+        self._tool_ends: dict[str, float] = {}
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, SessionEnd):
+            self._tool_ends.pop(event.session_id, None)
+
+    def priority(self, call: CallView, view: EngineView) -> SortKey:
+        return (call.session_arrival_s,)
+
+    def on_call_finished(self, call: CallView, view: EngineView) -> KVDecision:
+        if call.expected_tool_s is None:
+            return Release()
+        self._tool_ends[call.session_id] = view.now + call.expected_tool_s
+        return Pin()
+
+    def tick(self, view: EngineView) -> Sequence[SessionAction]:
+        # Only calls whose tool still runs are intercepted; a pin whose tool is done
+        # waits for its next call, which takes it over when admitted.
+        pins = [pin for pin in view.pins if self._remaining_tool_s(pin, view) > 0]
+        if not pins:
+            return ()
+        batch = sum(call.num_tokens for call in view.running)
+        wastes = {pin.session_id: self._waste(pin, batch, view) for pin in pins}
+        order = sorted(
+            pins,
+            key=lambda pin: min(wastes[pin.session_id].discard, wastes[pin.session_id].preserve),
+            reverse=True,
+        )
+        budget = min(self._swap_budget_blocks(batch, len(view.running), view), view.cpu_free_blocks)
+        actions = []
+        for pin in order:
+            cost = wastes[pin.session_id]
+            if pin.blocks <= budget:
+                budget -= pin.blocks
+                actions.append(SessionAction("offload", pin.session_id))
+            elif cost.discard < cost.preserve:
+                actions.append(SessionAction("unpin", pin.session_id))
+        return actions
+
+    def _remaining_tool_s(self, pin: PinView, view: EngineView) -> float:
+        return self._tool_ends.get(pin.session_id, view.now) - view.now
+
+    def _waste(self, pin: PinView, batch: int, view: EngineView) -> Waste:
+        return waste(pin.tokens, self._remaining_tool_s(pin, view), batch, view)
+
+    @staticmethod
+    def _swap_budget_blocks(batch_tokens: int, seqs: int, view: EngineView) -> int:
+        """Blocks the CPU link moves in the time of one decode step of the batch."""
+        seqs = max(seqs, 1)
+        # decode_time takes each sequence's context: the batch's mean, rounded up.
+        step_s = view.costs.decode_time(-(-batch_tokens // seqs), seqs)
+        per_block_s = view.costs.transfer_time(1)
+        return int(step_s / per_block_s) if per_block_s > 0 else 0

@@ -1,0 +1,77 @@
+"""Policies by name: ``--policy NAME`` looks one up here.
+
+Each policy module registers its class with ``@register``; ``POLICY_MODULES`` lists the
+modules so that looking up a name imports them (once) without the caller knowing
+where a policy lives.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, TypeVar
+
+from agentmars.server.policies.interface import Policy
+
+POLICY_MODULES = (
+    "agentmars.server.policies.fcfs",
+    "agentmars.server.policies.autellix",
+    "agentmars.server.policies.infercept",
+    "agentmars.server.policies.continuum",
+    "agentmars.server.policies.thunderagent",
+    "agentmars.server.policies.vtc",
+)
+
+_registry: dict[str, type[Policy]] = {}
+P = TypeVar("P", bound=type[Policy])
+
+
+class UnknownPolicy(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
+
+
+def register(cls: P) -> P:
+    """Class decorator: make ``cls`` selectable by its ``name``."""
+    if not cls.name:
+        raise TypeError(f"{cls.__qualname__} has no name")
+    if _registry.get(cls.name, cls) is not cls:
+        raise TypeError(f"policy name {cls.name!r} is taken by {_registry[cls.name].__qualname__}")
+    _registry[cls.name] = cls
+    return cls
+
+
+def _load_all() -> None:
+    for module in POLICY_MODULES:
+        importlib.import_module(module)
+
+
+def policy_names() -> list[str]:
+    _load_all()
+    return sorted(_registry)
+
+
+def policy_class(name: str) -> type[Policy]:
+    _load_all()
+    try:
+        return _registry[name]
+    except KeyError:
+        raise UnknownPolicy(name) from None
+
+
+def make_policy(name: str, **settings: Any) -> Policy:
+    """A fresh policy object; ``settings`` are its constructor's keyword arguments
+    (a clear error names the ones it does not take)."""
+    cls = policy_class(name)
+    accepted = set(inspect.signature(cls).parameters)
+    unknown = sorted(set(settings) - accepted)
+    if unknown:
+        known = ", ".join(sorted(accepted)) or "none"
+        raise ValueError(f"policy {name!r} has no setting {', '.join(unknown)} (settings: {known})")
+    return cls(**settings)
+
+
+def describe_policy(name: str) -> str:
+    """The first line of the policy's docstring."""
+    doc = inspect.getdoc(policy_class(name)) or ""
+    return doc.splitlines()[0] if doc else ""

@@ -1,0 +1,130 @@
+"""ThunderAgent (Kang et al., 2026), the "TA" and "TA+O" baselines of seed 003
+(notes/baselines.md "ThunderAgent")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agentmars.sdk.events import Event, SessionEnd, ToolEnd, ToolStart
+from agentmars.server.policies.interface import (
+    CallView,
+    EngineView,
+    KVDecision,
+    Pin,
+    Policy,
+    SessionAction,
+    SessionView,
+)
+from agentmars.server.policies.registry import register
+
+CHECK_INTERVAL_S = 5.0
+"""How often thrashing is checked (the paper's 5 s)."""
+
+
+@register
+class ThunderAgent(Policy):
+    """ThunderAgent: program-aware KV retention with pause and restore on thrashing.
+
+    A program's KV stays on the GPU while it runs a tool (Acting) as while it runs on
+    the engine (Reasoning). Every ``check_interval_s`` it checks for thrashing: the KV
+    capacity is less than the contexts of the Reasoning programs plus those of the
+    Acting ones. Then it pauses programs until the rest fits, Acting before Reasoning,
+    shortest context first (a paused program loses its KV and its calls wait at the
+    gateway). When there is room again it restores paused programs, Reasoning first
+    (those whose tool has finished), shortest first. New programs wait while any program
+    is paused or their prompt does not fit in what is left. One engine, so the
+    best-fit-decreasing placement across replicas reduces to that fit check."""
+
+    name = "thunderagent"
+    variant = "ThunderAgent paper as described by seed 003 (TA), one replica"
+
+    def __init__(self, check_interval_s: float = CHECK_INTERVAL_S) -> None:
+        if check_interval_s <= 0:
+            raise ValueError("check_interval_s must be positive")
+        self.tick_interval_s = check_interval_s
+        self._paused: dict[str, int] = {}
+        """Paused programs and their context when paused."""
+        self._acting: set[str] = set()
+        """Programs running a tool."""
+
+    def settings(self) -> dict[str, float]:
+        return {"check_interval_s": float(self.tick_interval_s or 0.0)}
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, ToolStart):
+            self._acting.add(event.session_id)
+        elif isinstance(event, ToolEnd):
+            self._acting.discard(event.session_id)
+        elif isinstance(event, SessionEnd):
+            self._paused.pop(event.session_id, None)
+
+    def on_call_finished(self, call: CallView, view: EngineView) -> KVDecision:
+        return Pin()
+
+    def admit(self, queue: Sequence[SessionView], view: EngineView) -> Sequence[SessionView]:
+        if self._paused:
+            return ()
+        room = self._capacity(view) - sum(self._contexts(view).values())
+        admitted = []
+        for session in queue:
+            if session.prompt_tokens > room:
+                break
+            room -= session.prompt_tokens
+            admitted.append(session)
+        return admitted
+
+    def tick(self, view: EngineView) -> Sequence[SessionAction]:
+        contexts = self._contexts(view)
+        usage = sum(contexts.values())
+        capacity = self._capacity(view)
+        if usage > capacity:
+            return self._pause(contexts, usage - capacity, view)
+        return self._restore(capacity - usage, view)
+
+    @staticmethod
+    def _capacity(view: EngineView) -> int:
+        return view.total_blocks * view.block_size
+
+    def _contexts(self, view: EngineView) -> dict[str, int]:
+        """Context of every running (Reasoning) and pinned (Acting) program."""
+        contexts = {pin.session_id: pin.tokens for pin in view.pins}
+        for call in (*view.running, *view.waiting):
+            contexts[call.session_id] = call.num_tokens
+        return contexts
+
+    def _pause(
+        self, contexts: dict[str, int], excess: int, view: EngineView
+    ) -> list[SessionAction]:
+        order = sorted(contexts, key=lambda sid: (sid not in self._acting, contexts[sid]))
+        actions = []
+        for session_id in order:
+            if excess <= 0:
+                break
+            excess -= contexts[session_id]
+            self._paused[session_id] = contexts[session_id]
+            actions.append(SessionAction("pause", session_id))
+        return actions
+
+    def _restore(self, room: int, view: EngineView) -> list[SessionAction]:
+        order = sorted(self._paused, key=lambda sid: (sid in self._acting, self._paused[sid]))
+        actions = []
+        for session_id in order:
+            if self._paused[session_id] > room:
+                break
+            room -= self._paused.pop(session_id)
+            actions.append(SessionAction("resume", session_id))
+        return actions
+
+
+@register
+class ThunderAgentOffload(ThunderAgent):
+    """ThunderAgent with a CPU KV tier managed by plain LRU (seed 003's "TA+O").
+
+    Blocks the GPU drops (a paused program's, or any evicted prefix) are kept in host
+    memory, least recently used out first, unaware of program phases; a program's next
+    call loads what it finds there instead of recomputing it."""
+
+    name = "thunderagent-cpu"
+    variant = "seed 003's TA+O: ThunderAgent plus an LRU CPU tier"
+    needs_cpu_tier = True
+    offload_evicted = True

@@ -1,0 +1,740 @@
+"""The simulated engine: a discrete-event model of one vLLM V1 engine serving agent
+sessions whose tools run on the host's CPUs, in virtual time.
+
+A heap of events ordered by an explicit key (time, rank, sequence): at one instant,
+an engine step ends before anything else is handled, and the next step starts only
+after everything else of that instant (so a step sees every arrival of its start
+time). Handlers change the entities and push the events that follow.
+
+A session's life: it arrives and waits at the gateway until the policy admits it
+(``Policy.admit``); each turn's call joins the engine's waiting queue; the scheduler
+(``sim.scheduler``) runs it in steps whose duration the cost model gives; when the
+call has produced its tokens, the policy decides what happens to its KV, and the
+session runs its tool on the host CPUs (``sim.host_cpu``); when the tool ends, the
+next turn's call is sent. The session ends with its last call.
+
+Every boundary is also an event of the unified information stream
+(``agentmars.sdk.events``, source ``sim``, times in virtual nanoseconds) handed to the
+policy, as the gateway hands the real ones.
+
+Decode-only stretches are simulated in one jump: while no call waits, no prompt is
+being computed and no event falls inside, the steps until the first call finishes (or
+the next event, or the KV runs short) change nothing but counters, so they are
+summed instead of taken one by one. The blocks those steps need are allocated at the
+start of the jump (ours: a block is taken up to one jump early; the count is exact).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from agentmars.sdk.events import (
+    Event,
+    LLMEnd,
+    LLMFirstToken,
+    LLMSubmit,
+    SessionEnd,
+    SessionStart,
+    ToolEnd,
+    ToolStart,
+)
+from agentmars.server.metrics.records import (
+    CallRecord,
+    KVSample,
+    RunRecord,
+    SessionRecord,
+    ToolRecord,
+)
+from agentmars.server.policies.interface import (
+    CostEstimator,
+    Offload,
+    Pin,
+    Policy,
+    SessionAction,
+)
+from agentmars.server.sim.cost_model import CostModel, Profile
+from agentmars.server.sim.entities import Call, Session
+from agentmars.server.sim.entities import Pin as PinEntity
+from agentmars.server.sim.host_cpu import HostCPU
+from agentmars.server.sim.kv_cache import KVCache
+from agentmars.server.sim.scheduler import Scheduler, Step
+from agentmars.server.workloads.model import SessionSpec, Workload
+
+TOOL_EMA_ALPHA = 0.2
+"""Weight of the newest duration in the per-kind tool EMA (ours; as the sandbox pool)."""
+
+
+class SimError(ValueError):
+    """The workload or the configuration cannot run on this engine."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The engine and host being simulated; None takes the profile's value."""
+
+    tool_cores: int = 16
+    """Host cores for tools (ours: seed 000's hosts have dual 32-core EPYCs, the engine
+    pinned to some; 16 tool cores keeps CPU pressure visible at its arrival rates)."""
+    tool_slots: int | None = None
+    """At most this many tools at once, the rest queue (None: no limit)."""
+    cpu_tier: bool | None = None
+    """Simulate the CPU KV tier (None: when the policy needs it)."""
+    num_gpu_blocks: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    decode_jumps: bool = True
+    """Take decode-only stretches in one jump (off: step by step). Same results, except
+    that a jump's blocks are taken, and evictions dated, at its start."""
+    kv_sample_interval_s: float = 1.0
+    max_virtual_s: float = 30 * 24 * 3600.0
+    """Stop with an error past this virtual time (a policy that never finishes)."""
+
+
+class _Rank(IntEnum):
+    STEP_END = 0
+    TOOL_DONE = 1
+    CALL_SUBMIT = 2
+    SESSION_ARRIVAL = 3
+    PIN_EXPIRY = 4
+    TICK = 5
+    STEP_START = 9
+
+
+@dataclass(order=True)
+class _Event:
+    time: float
+    rank: int
+    seq: int
+    handler: Callable[[Any], None] = field(compare=False)
+    arg: Any = field(compare=False, default=None)
+
+
+class SimEngine:
+    """Runs one workload under one policy; it is also the policy's ``EngineView``."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        profile: Profile,
+        config: SimConfig | None = None,
+        *,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.workload = workload
+        self.policy = policy
+        self.profile = profile
+        self.config = config or SimConfig()
+        self.cost = CostModel(profile)
+        self._on_progress = on_progress
+        cpu_tier = (
+            self.config.cpu_tier if self.config.cpu_tier is not None else policy.needs_cpu_tier
+        )
+        if policy.needs_cpu_tier and not cpu_tier:
+            raise SimError(f"policy {policy.name!r} needs the CPU KV tier")
+        num_blocks = self.config.num_gpu_blocks or profile.num_gpu_blocks
+        self._check_fits(workload, min(profile.max_model_len, num_blocks * profile.block_size))
+        self.kv = KVCache(
+            num_blocks,
+            profile.block_size,
+            profile.cpu_kv_blocks if cpu_tier else 0,
+            self._count_eviction,
+            offload_evicted=policy.offload_evicted,
+        )
+        self.host = HostCPU(self.config.tool_cores, self.config.tool_slots)
+        self.scheduler = Scheduler(
+            self.kv,
+            policy,
+            self,
+            max_num_seqs=self.config.max_num_seqs or profile.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens
+            or profile.max_num_batched_tokens,
+            load_done_at=self._load_done_at,
+        )
+        self.now = 0.0
+        self._heap: list[_Event] = []
+        self._seq = itertools.count()
+        self._call_ids = itertools.count()
+        self._stepping = False
+        self._start_pending = False
+        self._gateway: list[Session] = []
+        self._sessions: dict[str, Session] = {}
+        self._pending_specs = list(workload.sessions)
+        self._tools: dict[str, tuple[Session, ToolRecord]] = {}
+        self._tool_version = 0
+        self._tool_ema: dict[str, float] = {}
+        self._channel_free_s = 0.0
+        self._pinned_since = 0.0
+        self._next_sample_s = 0.0
+        self.record = RunRecord(
+            workload=workload.name,
+            policy=policy.name,
+            engine=f"sim:{profile.name}",
+            seed=workload.seed,
+            sessions=[],
+            duration_s=0.0,
+            total_blocks=self.kv.pool.num_blocks,
+            block_size=profile.block_size,
+            tool_cores=self.config.tool_cores,
+        )
+
+    @staticmethod
+    def _check_fits(workload: Workload, limit: int) -> None:
+        """Every call must fit the context limit and the whole KV cache (vLLM refuses
+        to start with a context limit the cache cannot hold)."""
+        too_long = [s.session_id for s in workload.sessions if s.final_context > limit]
+        if too_long:
+            raise SimError(
+                f"{len(too_long)} sessions exceed the engine's context limit ({limit} tokens: "
+                f"the profile's max_model_len or the KV cache, whichever is smaller), "
+                f"e.g. {too_long[0]!r}; build the workload with max_context set to it"
+            )
+
+    # --- EngineView ------------------------------------------------------------------------
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
+
+    @property
+    def total_blocks(self) -> int:
+        return self.kv.pool.num_blocks
+
+    @property
+    def free_blocks(self) -> int:
+        return self.kv.pool.num_free
+
+    @property
+    def pinned_blocks(self) -> int:
+        return self.kv.pinned_blocks
+
+    @property
+    def cpu_total_blocks(self) -> int:
+        return self.kv.cpu.capacity if self.kv.cpu is not None else 0
+
+    @property
+    def cpu_free_blocks(self) -> int:
+        return self.kv.cpu.capacity - self.kv.cpu.used if self.kv.cpu is not None else 0
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.scheduler.max_num_seqs
+
+    @property
+    def running(self) -> Sequence[Call]:
+        return self.scheduler.running
+
+    @property
+    def waiting(self) -> Sequence[Call]:
+        return self.scheduler.waiting
+
+    @property
+    def pins(self) -> Sequence[PinEntity]:
+        return list(self.kv.pins.values())
+
+    def pin_of(self, session_id: str) -> PinEntity | None:
+        return self.kv.pins.get(session_id)
+
+    @property
+    def active_sessions(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def active_tools(self) -> int:
+        return self.host.active
+
+    @property
+    def queued_tools(self) -> int:
+        return self.host.queued
+
+    @property
+    def tool_cores(self) -> int:
+        return self.host.cores
+
+    @property
+    def tool_ema_s(self) -> Mapping[str, float]:
+        return self._tool_ema
+
+    @property
+    def costs(self) -> CostEstimator:
+        return self.cost
+
+    def blocks_for(self, tokens: int) -> int:
+        return self.kv.blocks_for(tokens)
+
+    # --- the event loop ------------------------------------------------------------------
+
+    def run(self) -> RunRecord:
+        """Simulate until every session has ended; return what happened."""
+        self._schedule_arrivals()
+        if self.policy.tick_interval_s:
+            self._push(self.policy.tick_interval_s, _Rank.TICK, self._on_tick)
+        while self._heap:
+            event = heapq.heappop(self._heap)
+            if event.time > self.config.max_virtual_s:
+                raise SimError(
+                    f"virtual time passed {self.config.max_virtual_s} s: the run does not end"
+                )
+            self._advance_to(event.time)
+            event.handler(event.arg)
+        self._finish_record()
+        return self.record
+
+    def _push(
+        self, time: float, rank: _Rank, handler: Callable[[Any], None], arg: Any = None
+    ) -> None:
+        heapq.heappush(self._heap, _Event(time, rank, next(self._seq), handler, arg))
+
+    def _advance_to(self, time: float) -> None:
+        self.record.pinned_block_s += self.kv.pinned_blocks * (time - self._pinned_since)
+        self._pinned_since = time
+        self.now = time
+
+    def _emit(self, event: Event) -> None:
+        self.policy.on_event(event)
+
+    def _stamp(self) -> dict[str, Any]:
+        ns = round(self.now * 1e9)
+        return {"mono_ns": ns, "wall_ns": ns, "source": "sim"}
+
+    # --- sessions ----------------------------------------------------------------------
+
+    def _schedule_arrivals(self) -> None:
+        if self.workload.arrival == "closed":
+            assert self.workload.concurrency is not None
+            for _ in range(min(self.workload.concurrency, len(self._pending_specs))):
+                self._push(
+                    0.0, _Rank.SESSION_ARRIVAL, self._on_session_arrival, self._pending_specs.pop(0)
+                )
+        else:
+            for spec in self._pending_specs:
+                self._push(spec.arrival_s, _Rank.SESSION_ARRIVAL, self._on_session_arrival, spec)
+            self._pending_specs = []
+
+    def _on_session_arrival(self, spec: SessionSpec) -> None:
+        record = SessionRecord(spec.session_id, spec.agent, self.now, self.now, self.now)
+        session = Session(spec, self.now, record)
+        self.kv.register(session)
+        self._gateway.append(session)
+        self._admit_sessions()
+
+    def _admit_sessions(self) -> None:
+        if not self._gateway:
+            return
+        for session in list(self.policy.admit(self._gateway, self)):
+            assert isinstance(session, Session)
+            self._gateway.remove(session)
+            self._sessions[session.session_id] = session
+            session.record.admitted_s = self.now
+            self._emit(
+                SessionStart(session_id=session.session_id, agent=session.agent, **self._stamp())
+            )
+            self._send_call(session)
+
+    def _send_call(self, session: Session) -> None:
+        spec = session.spec
+        turn = spec.turns[session.turn]
+        call = Call(
+            call_id=f"{session.session_id}/{session.turn}",
+            session=session,
+            turn=session.turn,
+            arrival_s=self.now,
+            prompt_tokens=spec.prompt_tokens(session.turn),
+            max_tokens=turn.output_tokens,
+            follows_tool=session.turn > 0,
+            expects_tool=turn.tool is not None,
+            next_tool=turn.tool.kind if turn.tool is not None else None,
+            expected_tool_s=turn.tool.wall_s if turn.tool is not None else None,
+            record=CallRecord(
+                session.turn, self.now, self.now, self.now, spec.prompt_tokens(session.turn), 0
+            ),
+        )
+        if session.paused:
+            session.held = call
+            return
+        self._submit(call)
+
+    def _submit(self, call: Call) -> None:
+        call.arrival_s = call.record.submit_s = self.now
+        self._emit(
+            LLMSubmit(
+                session_id=call.session_id,
+                call_id=call.call_id,
+                turn=call.turn,
+                projected_prompt_tokens=call.prompt_tokens,
+                projected_kv_blocks=self.kv.blocks_for(call.prompt_tokens + call.max_tokens),
+                max_tokens=call.max_tokens,
+                follows_tool=call.follows_tool,
+                expects_tool=call.expects_tool,
+                **self._stamp(),
+            )
+        )
+        self.scheduler.waiting.append(call)
+        self._wake()
+
+    def _end_session(self, session: Session) -> None:
+        del self._sessions[session.session_id]
+        self.kv.unpin(session.session_id)
+        session.record.end_s = self.now
+        self.record.sessions.append(session.record)
+        self._emit(
+            SessionEnd(
+                session_id=session.session_id,
+                turns=len(session.spec.turns),
+                duration_s=session.record.latency_s,
+                **self._stamp(),
+            )
+        )
+        if self._on_progress is not None:
+            self._on_progress(len(self.record.sessions))
+        if self._pending_specs:
+            self._push(
+                self.now,
+                _Rank.SESSION_ARRIVAL,
+                self._on_session_arrival,
+                self._pending_specs.pop(0),
+            )
+        self._admit_sessions()
+
+    # --- engine steps ------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        """Start a step at this instant (after its other events) if the engine idles."""
+        if not self._stepping and not self._start_pending:
+            self._start_pending = True
+            self._push(self.now, _Rank.STEP_START, self._on_step_start)
+
+    def _on_step_start(self, _: None) -> None:
+        self._start_pending = False
+        if self.policy.tick_interval_s == 0:
+            self._apply(self.policy.tick(self))
+        jump = self._decode_jump()
+        if jump is not None:
+            self._stepping = True
+            self._push(jump[1], _Rank.STEP_END, self._on_jump_end, (jump[0], jump[1] - self.now))
+            return
+        step = self.scheduler.schedule(self.now)
+        if not step.batch:
+            self._wait_for_loads()
+            return
+        self._stepping = True
+        duration = self.cost.step_time(step.shape())
+        self._push(self.now + duration, _Rank.STEP_END, self._on_step_end, (step, duration))
+
+    def _wait_for_loads(self) -> None:
+        """Nothing could run: wake up when the first CPU-tier load is done."""
+        loading = [call.ready_s for call in self.scheduler.running if call.ready_s > self.now]
+        if loading:
+            self._push(min(loading), _Rank.STEP_START, self._on_step_start)
+            self._start_pending = True
+
+    def _on_step_end(self, arg: tuple[Step, float]) -> None:
+        step, duration = arg
+        self._stepping = False
+        self.record.steps += 1
+        for call, tokens in step.batch:
+            if not call.blocks:
+                continue  # preempted during the step (its session was paused)
+            call.num_computed_tokens += tokens
+            call.service_s += duration
+            self.record.computed_tokens += tokens
+            self.kv.cache_full_blocks(call)
+            if call.num_computed_tokens == call.num_tokens:
+                self._add_token(call, 1)
+        self._after_step()
+
+    def _after_step(self) -> None:
+        self._sample_kv()
+        if self.scheduler.running or self.scheduler.waiting:
+            self._wake()
+
+    def _add_token(self, call: Call, tokens: int) -> None:
+        if call.output_tokens == 0:
+            call.record.first_token_s = self.now
+            self._emit(
+                LLMFirstToken(
+                    session_id=call.session_id,
+                    call_id=call.call_id,
+                    turn=call.turn,
+                    ttft_s=self.now - call.arrival_s,
+                    **self._stamp(),
+                )
+            )
+        call.output_tokens += tokens
+        if call.finished:
+            self._finish_call(call)
+
+    # --- decode jumps ------------------------------------------------------------------
+
+    def _decode_jump(self) -> tuple[int, float] | None:
+        """(steps, end time) of a stretch of at least two decode-only steps that can be
+        taken at once, or None."""
+        running = self.scheduler.running
+        if (
+            not self.config.decode_jumps
+            or self.scheduler.waiting
+            or not running
+            or len(running) > self.scheduler.budget
+            or any(
+                c.ready_s > self.now
+                or c.output_tokens == 0
+                or c.num_computed_tokens != c.num_tokens - 1
+                for c in running
+            )
+        ):
+            return None
+        steps = min(c.max_tokens - c.output_tokens for c in running)
+        steps = min(steps, self._steps_that_fit(running, steps))
+        next_event = self._heap[0].time if self._heap else float("inf")
+        seqs = len(running)
+        context = sum(c.num_tokens for c in running)
+        # NOTE: the end time is summed step by step, as stepping would, so that both
+        # order the same events the same way to the last bit.
+        end = self.now
+        taken = 0
+        while taken < steps and end < next_event:
+            end += self.cost.decode_time(context + taken * seqs, seqs)
+            taken += 1
+        if taken < 2:
+            return None
+        for call in running:
+            grown = self.kv.grow(call, taken)
+            assert grown
+        return taken, end
+
+    def _steps_that_fit(self, running: Sequence[Call], limit: int) -> int:
+        """The most decode steps (up to ``limit``) whose new blocks are free now."""
+        free = self.kv.pool.num_free
+        low, high = 0, limit
+        while low < high:
+            mid = (low + high + 1) // 2
+            needed = sum(
+                max(self.kv.blocks_for(c.num_computed_tokens + mid) - len(c.blocks), 0)
+                for c in running
+            )
+            if needed <= free:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def _on_jump_end(self, jump: tuple[int, float]) -> None:
+        steps, duration = jump
+        self._stepping = False
+        self.record.steps += steps
+        for call in list(self.scheduler.running):
+            call.num_computed_tokens += steps
+            call.service_s += duration
+            self.record.computed_tokens += steps
+            self.kv.cache_full_blocks(call)
+            self._add_token(call, steps)
+        self._after_step()
+
+    # --- finished calls, KV decisions and tools -----------------------------------------
+
+    def _finish_call(self, call: Call) -> None:
+        session = call.session
+        self.scheduler.running.remove(call)
+        call.record.end_s = self.now
+        call.record.output_tokens = call.output_tokens
+        session.record.calls.append(call.record)
+        last = session.turn == len(session.spec.turns) - 1
+        decision = self.policy.on_call_finished(call, self) if not last else None
+        freed = len(call.blocks)
+        if isinstance(decision, Pin) and not session.paused:
+            pin = self.kv.pin(call, self.now, decision.ttl_s)
+            freed -= pin.blocks
+            if pin.expires_s is not None:
+                self._push(pin.expires_s, _Rank.PIN_EXPIRY, self._on_pin_expiry, pin)
+        elif isinstance(decision, Offload):
+            self.kv.store_to_cpu(session, call.num_hashed_blocks)
+        self.kv.free(call)
+        self._emit(
+            LLMEnd(
+                session_id=call.session_id,
+                call_id=call.call_id,
+                turn=call.turn,
+                prompt_tokens=call.prompt_tokens,
+                cached_tokens=call.record.cached_tokens,
+                output_tokens=call.output_tokens,
+                freed_blocks=freed,
+                ended_in_tool_call=not last,
+                duration_s=self.now - call.arrival_s,
+                **self._stamp(),
+            )
+        )
+        if last:
+            self._end_session(session)
+        else:
+            self._start_tool(session)
+
+    def _start_tool(self, session: Session) -> None:
+        tool = session.spec.turns[session.turn].tool
+        assert tool is not None
+        record = ToolRecord(session.turn, tool.kind, self.now, self.now, self.now)
+        session.record.tools.append(record)
+        self._tools[session.session_id] = (session, record)
+        self.host.advance(self.now)
+        if self.host.submit(session.session_id, tool):
+            self._tool_started(session.session_id)
+        self._plan_tool_finish()
+
+    def _tool_started(self, key: str) -> None:
+        session, record = self._tools[key]
+        record.start_s = self.now
+        self._emit(
+            ToolStart(
+                session_id=key,
+                call_id=f"{key}/{session.turn}/tool",
+                turn=session.turn,
+                tool=record.kind,
+                queue_wait_s=record.queue_s,
+                **self._stamp(),
+            )
+        )
+
+    def _plan_tool_finish(self) -> None:
+        self._tool_version += 1
+        upcoming = self.host.next_finish()
+        if upcoming is not None:
+            self._push(
+                upcoming[0], _Rank.TOOL_DONE, self._on_tool_done, (self._tool_version, upcoming[1])
+            )
+
+    def _on_tool_done(self, arg: tuple[int, str]) -> None:
+        version, key = arg
+        if version != self._tool_version:
+            return
+        self.host.advance(self.now)
+        for started in self.host.finish(key):
+            self._tool_started(str(started))
+        session, record = self._tools.pop(key)
+        record.end_s = self.now
+        duration = record.end_s - record.start_s
+        ema = self._tool_ema.get(record.kind)
+        self._tool_ema[record.kind] = (
+            duration if ema is None else ema + TOOL_EMA_ALPHA * (duration - ema)
+        )
+        self._emit(
+            ToolEnd(
+                session_id=key,
+                call_id=f"{key}/{session.turn}/tool",
+                turn=session.turn,
+                tool=record.kind,
+                duration_s=duration,
+                **self._stamp(),
+            )
+        )
+        self._plan_tool_finish()
+        session.turn += 1
+        self._send_call(session)
+
+    def _on_pin_expiry(self, pin: PinEntity) -> None:
+        if self.kv.pins.get(pin.session_id) is not pin:
+            return
+        if any(call.session_id == pin.session_id for call in self.scheduler.waiting):
+            return  # its next call is here: the pin goes when that call is admitted
+        self.kv.unpin(pin.session_id)
+
+    def _on_tick(self, _: None) -> None:
+        self._apply(self.policy.tick(self))
+        interval = self.policy.tick_interval_s
+        if interval and (self._sessions or self._gateway or self._heap):
+            self._push(self.now + interval, _Rank.TICK, self._on_tick)
+
+    def _apply(self, actions: Sequence[SessionAction]) -> None:
+        for action in actions:
+            session = self._sessions.get(action.session_id)
+            if session is None:
+                continue
+            if action.kind == "unpin":
+                self.kv.unpin(session.session_id)
+            elif action.kind == "offload":
+                pin = self.kv.unpin(session.session_id)
+                if pin is not None:
+                    self.kv.store_to_cpu(session, pin.blocks)
+            elif action.kind == "pause":
+                self._pause(session)
+            elif action.kind == "resume":
+                self._resume(session)
+        self._admit_sessions()
+
+    def _pause(self, session: Session) -> None:
+        session.paused = True
+        self.kv.unpin(session.session_id)
+        for call in list(self.scheduler.running):
+            if call.session is session:
+                self.scheduler.preempt(call)
+        for call in list(self.scheduler.waiting):
+            if call.session is session:
+                self.scheduler.waiting.remove(call)
+                session.held = call
+
+    def _resume(self, session: Session) -> None:
+        session.paused = False
+        if session.held is not None:
+            call, session.held = session.held, None
+            self._submit(call)
+
+    # --- KV bookkeeping ----------------------------------------------------------------
+
+    def _count_eviction(self, blocks: int) -> None:
+        evictions = self.record.evictions
+        if evictions and evictions[-1][0] == self.now:
+            evictions[-1] = (self.now, evictions[-1][1] + blocks)
+        else:
+            evictions.append((self.now, blocks))
+
+    def _load_done_at(self, blocks: int) -> float:
+        """Loads from the CPU tier share one transfer channel, one after another."""
+        self._channel_free_s = max(self._channel_free_s, self.now) + self.cost.transfer_time(blocks)
+        return self._channel_free_s
+
+    def _sample_kv(self) -> None:
+        if self.now < self._next_sample_s:
+            return
+        self._next_sample_s = self.now + self.config.kv_sample_interval_s
+        pool = self.kv.pool
+        self.record.kv_samples.append(
+            KVSample(
+                self.now,
+                pool.num_free,
+                pool.num_blocks - pool.num_free,
+                self.kv.pinned_blocks,
+                self.kv.cpu.used if self.kv.cpu is not None else 0,
+            )
+        )
+
+    def _finish_record(self) -> None:
+        unfinished = len(self.workload.sessions) - len(self.record.sessions)
+        if unfinished:
+            raise SimError(
+                f"{unfinished} sessions never finished (policy {self.policy.name!r} stalls them)"
+            )
+        self.record.duration_s = max(session.end_s for session in self.record.sessions)
+        self.record.preemptions = sum(c.preemptions for s in self.record.sessions for c in s.calls)
+        self.record.prefix_queries = self.scheduler.prefix_queries
+        self.record.prefix_hits = self.scheduler.prefix_hits
+        self.record.tool_busy_core_s = self.host.busy_core_s
+
+
+def isolated_sessions(
+    workload: Workload, profile: Profile, config: SimConfig | None = None
+) -> dict[str, SessionRecord]:
+    """Each session's record when it runs alone on an empty engine under stock
+    scheduling: T_ideal is its latency (seed 000: "maximum concurrency set to one")."""
+    from agentmars.server.policies.fcfs import FCFS
+
+    alone = {}
+    for spec in workload.sessions:
+        single = Workload(
+            name=f"{workload.name}:{spec.session_id}",
+            sessions=(spec.model_copy(update={"arrival_s": 0.0}),),
+        )
+        alone[spec.session_id] = SimEngine(single, FCFS(), profile, config).run().sessions[0]
+    return alone

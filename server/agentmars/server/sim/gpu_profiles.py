@@ -1,0 +1,382 @@
+"""The GPU profiles, derived from first principles; this module writes their JSON files.
+
+Seed 000 §6.2's testbeds (one GPU, TP=1): an NVIDIA H100 NVL and an H200 NVL, each
+serving Qwen3-Coder-30B-A3B-Instruct (262K context) or GPT-OSS-120B (131K context)
+on vLLM with its defaults. For each pair this derives what the simulated engine
+needs: KV capacity in blocks (vLLM's own memory arithmetic), the scheduler limits
+(vLLM's defaults for these GPUs) and the roofline cost inputs. docs/cost-model.md
+writes every derivation out with its sources.
+
+Regenerate the JSON files after changing anything here, and print the derived
+figures the docs quote::
+
+    python -m agentmars.server.sim.gpu_profiles write
+    python -m agentmars.server.sim.gpu_profiles report
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentmars.server.sim.cost_model import (
+    PROFILE_DIR,
+    CostModel,
+    Profile,
+    RooflineCost,
+    StepShape,
+    chunk_attention,
+    profile_json,
+)
+from agentmars.server.sim.hardware import GIB, MIB, GpuSpec, ModelSpec
+
+# NOTE: CUDA (hence vLLM) sees ~0.47 GiB less than nvidia-smi's total: measured on an
+# H100 80GB, 81559 MiB in nvidia-smi against 79.18 GiB in vLLM's log. Applied to both
+# NVL cards, whose nvidia-smi totals are known.
+CUDA_RESERVED_BYTES = 81559 * MIB - int(79.18 * GIB)
+PCIE_GEN5_X16_BYTES_S = 64e9
+
+H100_NVL = GpuSpec(
+    name="NVIDIA H100 NVL",
+    memory_bytes=95830 * MIB - CUDA_RESERVED_BYTES,
+    hbm_bandwidth_bytes_s=3.9e12,
+    dense_bf16_flops=835e12,
+    host_link_bytes_s=PCIE_GEN5_X16_BYTES_S,
+)
+H200_NVL = GpuSpec(
+    name="NVIDIA H200 NVL",
+    memory_bytes=143771 * MIB - CUDA_RESERVED_BYTES,
+    hbm_bandwidth_bytes_s=4.8e12,
+    dense_bf16_flops=835e12,
+    host_link_bytes_s=PCIE_GEN5_X16_BYTES_S,
+)
+H100_SXM = GpuSpec(
+    name="NVIDIA H100 SXM 80GB",
+    memory_bytes=int(79.18 * GIB),
+    hbm_bandwidth_bytes_s=3.35e12,
+    dense_bf16_flops=989e12,
+    host_link_bytes_s=PCIE_GEN5_X16_BYTES_S,
+)
+"""Not a testbed: the GPU of the public vLLM measurements the efficiencies are checked
+against (tests/server/sim/test_cost_model.py)."""
+
+QWEN3_CODER_30B = ModelSpec(
+    name="Qwen/Qwen3-Coder-30B-A3B-Instruct",
+    num_hidden_layers=48,
+    hidden_size=2048,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    vocab_size=151936,
+    tie_word_embeddings=False,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    max_position_embeddings=262144,
+)
+GPT_OSS_120B = ModelSpec(
+    name="openai/gpt-oss-120b",
+    num_hidden_layers=36,
+    hidden_size=2880,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=64,
+    vocab_size=201088,
+    tie_word_embeddings=False,
+    num_experts=128,
+    num_experts_per_tok=4,
+    moe_intermediate_size=2880,
+    sliding_window=128,
+    sliding_window_layers=18,
+    max_position_embeddings=131072,
+    expert_weight_bits=4.25,
+)
+
+
+@dataclass(frozen=True)
+class VllmDeployment:
+    """vLLM's defaults for the OpenAI server on a GPU with 70 to 160 GiB, not an A100
+    (vLLM 0.32.0 ``EngineArgs.get_batch_defaults`` in vllm/engine/arg_utils.py;
+    ``CacheConfig.DEFAULT_BLOCK_SIZE`` in vllm/config/cache.py, which FlashAttention
+    keeps on Hopper)."""
+
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    non_torch_bytes: int = int(0.13 * GIB)
+    """CUDA context and NCCL buffers outside PyTorch's allocator (vLLM logs, H100)."""
+    sampler_bytes_per_seq_vocab: float = 38.7
+    """vLLM's profiling run peaks at about this many bytes per (sequence slot x
+    vocabulary entry): its dummy sampler pass holds several fp32 copies of
+    ``max_num_seqs`` rows of logits. Fitted to vLLM's logged peak activation on an
+    H100 at ``max_num_seqs`` 1024: 5.56 and 5.64 GiB (Qwen3-0.6B, Qwen3-32B, vocabulary
+    151,936), 4.76 GiB (Llama-3.1-8B, 128,256), 7.38 GiB (gpt-oss-20b, 201,088) --
+    38.4 to 38.9 bytes, whatever the model's size."""
+    cpu_tier_ratio: float = 1.0
+    """CPU KV tier capacity over GPU KV capacity. NOTE: ours, MORI's tight setting
+    (seed 003 §6.1: CPU-to-GPU capacity ratio 1x, relaxed 2x)."""
+    host_link_efficiency: float = 0.8
+    """Achieved over theoretical PCIe bandwidth for pinned-memory copies (ours)."""
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """How close vLLM's kernels get to the roofline for one model on Hopper."""
+
+    linear: float
+    attention: float
+    bandwidth: float
+    step_overhead_s: float
+
+
+# NOTE: ours, checked against public vLLM measurements on an H100 SXM (docs/cost-model.md
+# "Validation"; tests/server/sim/test_cost_model.py): BF16 fused-MoE GEMMs and FA3 at
+# half of peak, weight streaming at 80% of HBM bandwidth; GPT-OSS's MXFP4 experts run
+# as weight-only FP4 (dequantised to BF16, no FP4 tensor cores on Hopper), which the
+# published prefill and decode times put at about 30% of peak and 60% of bandwidth.
+EFFICIENCY = {
+    QWEN3_CODER_30B.name: Efficiency(
+        linear=0.5, attention=0.5, bandwidth=0.8, step_overhead_s=0.0015
+    ),
+    GPT_OSS_120B.name: Efficiency(linear=0.3, attention=0.35, bandwidth=0.6, step_overhead_s=0.003),
+}
+
+WEIGHT_MEMORY_BYTES = {
+    QWEN3_CODER_30B.name: QWEN3_CODER_30B.checkpoint_bytes,
+    # vLLM's Hopper MXFP4 path re-lays out the experts: "Model loading took 64.38 GiB"
+    # (vLLM issue #33155, v0.14.1, Triton backend) against 60.7 GiB of checkpoint.
+    GPT_OSS_120B.name: 64.38 * GIB,
+}
+
+
+def kv_block_group_layers(model: ModelSpec) -> int:
+    """Layers whose KV one block id stands for. vLLM's hybrid KV manager groups GPT-OSS's
+    18 full and 18 sliding-window layers into two groups of 18 sharing one block pool
+    (``_get_kv_cache_groups_uniform_page_size``), so a block holds ``block_size`` tokens
+    of 18 layers; a uniform model's block covers all its layers."""
+    full, window = model.full_attention_layers, model.sliding_window_layers
+    if window == 0:
+        return full
+    smallest, largest = min(full, window), max(full, window)
+    return largest if largest < 1.5 * smallest else smallest
+
+
+def kv_bytes_per_token(model: ModelSpec) -> int:
+    """KV bytes one token of context occupies in one block."""
+    return kv_block_group_layers(model) * model.kv_bytes_per_token_per_layer
+
+
+def kv_cache_memory_bytes(
+    gpu: GpuSpec, model: ModelSpec, weight_bytes: float, deployment: VllmDeployment
+) -> float:
+    """What vLLM leaves for the KV cache: utilisation x memory, less the weights, the
+    profiling run's peak activations and non-torch memory (negative: vLLM refuses to
+    start)."""
+    budget = deployment.gpu_memory_utilization * gpu.memory_bytes
+    sampler = deployment.sampler_bytes_per_seq_vocab * deployment.max_num_seqs * model.vocab_size
+    return budget - weight_bytes - sampler - deployment.non_torch_bytes
+
+
+def derive_profile(
+    name: str, gpu: GpuSpec, model: ModelSpec, deployment: VllmDeployment | None = None
+) -> Profile:
+    """The profile of ``model`` served by vLLM on one ``gpu``."""
+    deployment = deployment or VllmDeployment()
+    per_token = kv_bytes_per_token(model)
+    kv_bytes = kv_cache_memory_bytes(gpu, model, WEIGHT_MEMORY_BYTES[model.name], deployment)
+    blocks = int(kv_bytes // (per_token * deployment.block_size))
+    if blocks <= 0:
+        raise ValueError(f"{model.name} leaves no KV cache memory on {gpu.name}")
+    return Profile(
+        name=name,
+        description=(
+            f"{model.name} on one {gpu.name}, vLLM defaults "
+            f"(gpu_memory_utilization {deployment.gpu_memory_utilization}); "
+            "derived in docs/cost-model.md"
+        ),
+        sources=[*SOURCES.get(model.name, []), *SOURCES.get(gpu.name, []), *SOURCES["vllm"]],
+        block_size=deployment.block_size,
+        num_gpu_blocks=blocks,
+        # NOTE: vLLM refuses to start when one max-length request does not fit; the
+        # context limit is then lowered to what fits (vLLM's suggested --max-model-len).
+        max_model_len=min(model.max_position_embeddings, blocks * deployment.block_size),
+        max_num_seqs=deployment.max_num_seqs,
+        max_num_batched_tokens=deployment.max_num_batched_tokens,
+        kv_bytes_per_token=per_token,
+        cpu_kv_blocks=int(blocks * deployment.cpu_tier_ratio),
+        cpu_kv_bandwidth_bytes_s=gpu.host_link_bytes_s * deployment.host_link_efficiency,
+        cost=roofline_cost(gpu, model),
+    )
+
+
+def roofline_cost(gpu: GpuSpec, model: ModelSpec) -> RooflineCost:
+    """The step-time model of ``model`` on ``gpu`` with this module's efficiencies."""
+    efficiency = EFFICIENCY[model.name]
+    return RooflineCost(
+        gpu=gpu,
+        model=model,
+        linear_efficiency=efficiency.linear,
+        attention_efficiency=efficiency.attention,
+        bandwidth_efficiency=efficiency.bandwidth,
+        step_overhead_s=efficiency.step_overhead_s,
+    )
+
+
+SOURCES: dict[str, list[str]] = {
+    QWEN3_CODER_30B.name: [
+        "model: huggingface.co/Qwen/Qwen3-Coder-30B-A3B-Instruct config.json (48 layers, "
+        "hidden 2048, 32 q / 4 kv heads, head_dim 128, 128 experts top-8, "
+        "moe_intermediate 768, vocab 151936, BF16, 262144 positions)",
+        "weights: 61,064,216,576 bytes of BF16 safetensors (56.87 GiB); vLLM logs 56.93 GiB",
+    ],
+    GPT_OSS_120B.name: [
+        "model: huggingface.co/openai/gpt-oss-120b config.json (36 layers alternating "
+        "sliding-window 128 / full, hidden 2880, 64 q / 8 kv heads, head_dim 64, "
+        "128 experts top-4, intermediate 2880, vocab 201088, MXFP4 experts, 131072 positions)",
+        "weights in GPU memory: 64.38 GiB, vLLM log in github.com/vllm-project/vllm/issues/33155",
+    ],
+    H100_NVL.name: [
+        "gpu: NVIDIA H100 NVL datasheet (94 GB HBM3, 3.9 TB/s, BF16 1,671 TFLOPS with "
+        "sparsity = 835 dense, PCIe Gen5 x16); nvidia-smi total 95830 MiB",
+    ],
+    H200_NVL.name: [
+        "gpu: NVIDIA H200 NVL datasheet (141 GB HBM3e, 4.8 TB/s, BF16 1,671 TFLOPS with "
+        "sparsity = 835 dense, PCIe Gen5 x16); nvidia-smi total 143771 MiB",
+    ],
+    "vllm": [
+        "vLLM 0.32.0 vllm/engine/arg_utils.py EngineArgs.get_batch_defaults: OpenAI server "
+        "on a 70-160 GiB non-A100 GPU -> max_num_batched_tokens 8192, max_num_seqs 1024; "
+        "gpu_memory_utilization 0.9; vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE 16",
+        "KV groups: vllm/v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size",
+        "KV memory: sampler peak 38.7 B x max_num_seqs x vocab and 0.13 GiB non-torch, "
+        "fitted to vLLM's logs on an H100 (docs/cost-model.md)",
+        "efficiencies: ours, checked against public vLLM step times on an H100 "
+        "(docs/cost-model.md, Validation)",
+        "CPU tier 1x GPU KV capacity (seed 003 §6.1); PCIe Gen5 x16 64 GB/s at 80%",
+    ],
+}
+
+TESTBED_PROFILES = {
+    "h100-qwen3-coder-30b": (H100_NVL, QWEN3_CODER_30B),
+    "h200-qwen3-coder-30b": (H200_NVL, QWEN3_CODER_30B),
+    "h100-gpt-oss-120b": (H100_NVL, GPT_OSS_120B),
+    "h200-gpt-oss-120b": (H200_NVL, GPT_OSS_120B),
+}
+
+
+def testbed_profiles() -> list[Profile]:
+    """The four seed-000 testbed profiles, derived now."""
+    return [derive_profile(name, gpu, model) for name, (gpu, model) in TESTBED_PROFILES.items()]
+
+
+def step_model(gpu: GpuSpec, model: ModelSpec) -> CostModel:
+    """The roofline step times of ``model`` on ``gpu`` with this module's efficiencies,
+    whatever the KV capacity (for comparisons with published measurements)."""
+    deployment = VllmDeployment()
+    profile = Profile(
+        name=f"{gpu.name} / {model.name}",
+        description="step times only",
+        sources=[],
+        block_size=deployment.block_size,
+        num_gpu_blocks=model.max_position_embeddings,
+        max_model_len=model.max_position_embeddings,
+        max_num_seqs=deployment.max_num_seqs,
+        max_num_batched_tokens=deployment.max_num_batched_tokens,
+        kv_bytes_per_token=kv_bytes_per_token(model),
+        cpu_kv_blocks=0,
+        cpu_kv_bandwidth_bytes_s=gpu.host_link_bytes_s,
+        cost=roofline_cost(gpu, model),
+    )
+    return CostModel(profile)
+
+
+@dataclass(frozen=True)
+class PublishedStep:
+    """A step time read off a public vLLM benchmark, and the step shape it implies."""
+
+    what: str
+    source: str
+    model: ModelSpec
+    shape: StepShape
+    measured_s: float
+
+
+# NOTE: the benchmarks say "H100" without the variant; compared against the H100 SXM
+# (the common one). Shapes are read from the benchmark settings (docs/cost-model.md).
+PUBLISHED_STEPS = [
+    PublishedStep(
+        "decode, 10 streams at ~2.5K context (random 2048 in / 1024 out): mean TPOT",
+        "github.com/vllm-project/vllm/pull/23151 (untuned, TP=1, H100)",
+        QWEN3_CODER_30B,
+        StepShape(decode_seqs=10, decode_context=10 * 2560),
+        0.01318,
+    ),
+    PublishedStep(
+        "decode, 4 streams of ShareGPT (~215 in / ~217 out): mean TPOT",
+        "GPUStack performance lab, gpt-oss-120b/h100 (vLLM 0.10.2, TP=1)",
+        GPT_OSS_120B,
+        StepShape(decode_seqs=4, decode_context=4 * 320),
+        0.00831,
+    ),
+    PublishedStep(
+        "last 8192-token chunk of a 32K prompt, one stream decoding: P99 inter-token gap",
+        "GPUStack performance lab, gpt-oss-120b/h100, random 32K in / 100 out",
+        GPT_OSS_120B,
+        StepShape(8192, chunk_attention(8192, 24576), 1, 32768),
+        0.45468,
+    ),
+]
+
+
+def write_profiles(directory: Path = PROFILE_DIR) -> list[Path]:
+    """Write the testbed profiles' JSON files; returns their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for profile in testbed_profiles():
+        path = directory / f"{profile.name}.json"
+        path.write_text(profile_json(profile))
+        paths.append(path)
+    return paths
+
+
+def report() -> str:
+    """The derived figures docs/cost-model.md quotes, as a text table."""
+    lines = [
+        "profile | KV blocks | KV tokens | max_model_len | prefill tok/s (8K chunk) | "
+        "decode tok/s at 1 / 64 / 256 seqs (2K context)"
+    ]
+    for profile in testbed_profiles():
+        model = CostModel(profile)
+        prefill = 8192 / model.prefill_time(8192)
+        decode = [seqs / model.decode_time(2048, seqs) for seqs in (1, 64, 256)]
+        lines.append(
+            f"{profile.name} | {profile.num_gpu_blocks} | "
+            f"{profile.num_gpu_blocks * profile.block_size} | {profile.max_model_len} | "
+            f"{prefill:,.0f} | " + " / ".join(f"{d:,.0f}" for d in decode)
+        )
+    lines.append("")
+    lines.append("published step | measured ms | H100 SXM ms | H100 NVL ms")
+    for step in PUBLISHED_STEPS:
+        sxm = step_model(H100_SXM, step.model).step_time(step.shape)
+        nvl = step_model(H100_NVL, step.model).step_time(step.shape)
+        lines.append(
+            f"{step.model.name}: {step.what} | {step.measured_s * 1e3:.1f} | "
+            f"{sxm * 1e3:.1f} | {nvl * 1e3:.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    """``write [DIR]`` (the default) rewrites the JSON files; ``report`` prints figures."""
+    if argv[:1] == ["report"]:
+        print(report())
+        return
+    target = Path(argv[1]) if argv[:1] == ["write"] and len(argv) > 1 else PROFILE_DIR
+    for written in write_profiles(target):
+        print(written)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,89 @@
+"""The host's tool CPUs: ``cores`` cores shared by the running tools.
+
+A tool asks for ``ToolSpec.cores`` cores for ``wall_s`` seconds. While the running
+tools ask for no more than the host has, each runs at full speed. When they ask for
+more, the cores are shared in proportion to what each asks for, so every tool slows
+by the same factor ``cores / demand`` (processor sharing; ours — seed 000 only says
+the tools contend for host CPUs). A tool that asks for no CPU (it waits on something
+remote) never slows. With ``slots``, at most that many tools run at once and the rest
+queue in arrival order, as in the sandbox pool.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from agentmars.server.workloads.model import ToolSpec
+
+
+@dataclass(slots=True)
+class _Running:
+    spec: ToolSpec
+    remaining_s: float
+    """Wall time left at full speed."""
+
+
+class HostCPU:
+    def __init__(self, cores: int, slots: int | None = None) -> None:
+        if cores < 1:
+            raise ValueError("the host needs at least one tool core")
+        if slots is not None and slots < 1:
+            raise ValueError("tool slots must be at least 1 (or unlimited)")
+        self.cores = cores
+        self.slots = slots
+        self.busy_core_s = 0.0
+        self._running: dict[Hashable, _Running] = {}
+        self._queue: deque[tuple[Hashable, ToolSpec]] = deque()
+        self._now = 0.0
+
+    @property
+    def active(self) -> int:
+        return len(self._running)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def _demand(self) -> float:
+        return sum(run.spec.cores for run in self._running.values())
+
+    def _speed(self) -> float:
+        demand = self._demand()
+        return 1.0 if demand <= self.cores else self.cores / demand
+
+    def advance(self, now: float) -> None:
+        """Let the running tools progress until ``now``."""
+        elapsed = now - self._now
+        if elapsed > 0 and self._running:
+            speed = self._speed()
+            for run in self._running.values():
+                run.remaining_s -= elapsed * speed
+            self.busy_core_s += elapsed * speed * self._demand()
+        self._now = now
+
+    def submit(self, key: Hashable, spec: ToolSpec) -> bool:
+        """Start the tool (True) or queue it for a slot (False). Call ``advance`` first."""
+        if self.slots is not None and len(self._running) >= self.slots:
+            self._queue.append((key, spec))
+            return False
+        self._running[key] = _Running(spec, spec.wall_s)
+        return True
+
+    def next_finish(self) -> tuple[float, Hashable] | None:
+        """When the next running tool finishes if nothing changes, and which."""
+        if not self._running:
+            return None
+        key, run = min(self._running.items(), key=lambda item: item[1].remaining_s)
+        return self._now + max(run.remaining_s, 0.0) / self._speed(), key
+
+    def finish(self, key: Hashable) -> list[Hashable]:
+        """Remove a finished tool; return the queued tools that start in its slot."""
+        del self._running[key]
+        started = []
+        while self._queue and (self.slots is None or len(self._running) < self.slots):
+            next_key, spec = self._queue.popleft()
+            self._running[next_key] = _Running(spec, spec.wall_s)
+            started.append(next_key)
+        return started

@@ -1,0 +1,174 @@
+"""Calls' block tables over the block pool, pins, and the CPU tier: the mechanism of
+vLLM V1's ``KVCacheManager`` plus the touch pattern that keeps a finished call's blocks
+for its session (notes/vllm-plugin.md "KV cache internals"). Whether to pin, whom to
+preempt and which pin to drop are the policy's; this module only does it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from agentmars.server.sim.block_pool import BlockPool, CPUTier
+from agentmars.server.sim.entities import Call, Pin, Session
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """What the caches hold of a call's context, from its start."""
+
+    gpu_blocks: int
+    free_gpu_blocks: int
+    """Of those, blocks nothing references now (taking them uses up free blocks)."""
+    cpu_blocks: int
+    """Blocks after the GPU part found in the CPU tier."""
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        cpu_blocks: int,
+        on_evict: Callable[[int], None],
+        *,
+        offload_evicted: bool = False,
+    ) -> None:
+        self.block_size = block_size
+        self.cpu = CPUTier(cpu_blocks) if cpu_blocks else None
+        self.pool = BlockPool(num_blocks, self._evicted)
+        self.pins: dict[str, Pin] = {}
+        self.pinned_blocks = 0
+        self._on_evict = on_evict
+        self._offload_evicted = offload_evicted and self.cpu is not None
+        self._owners: dict[str, int] = {}
+
+    def register(self, session: Session) -> None:
+        """Give a session its block keys' owners."""
+        session.kv_owner = self._owner(f"session:{session.session_id}")
+        group = session.spec.prefix_group
+        if group is not None:
+            session.kv_group = self._owner(f"group:{group}")
+            session.shared_blocks = session.spec.shared_prefix_tokens // self.block_size
+
+    def _owner(self, name: str) -> int:
+        return self._owners.setdefault(name, len(self._owners) + 1)
+
+    def _evicted(self, keys: list[int]) -> None:
+        if self._offload_evicted:
+            # NOTE: ours — blocks leave for host memory when the GPU drops them; the copy
+            # runs beside the steps and its time is not charged (loads back are).
+            assert self.cpu is not None
+            self.cpu.store(keys)
+        self._on_evict(len(keys))
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    # --- lookups and allocation -------------------------------------------------------
+
+    def lookup(self, call: Call) -> Prefix:
+        """The longest cached prefix of the call's context. At most ``num_tokens - 1``
+        tokens can hit: the last one must be computed to produce a token (as in vLLM)."""
+        session = call.session
+        limit = (call.num_tokens - 1) // self.block_size
+        shared = min(session.shared_blocks, limit)
+        hit, free = self.pool.prefix(session.kv_group, shared) if shared else (0, 0)
+        if hit == shared:
+            own, own_free = self.pool.prefix(session.kv_owner, limit - shared)
+            hit, free = hit + own, free + own_free
+        cpu = self.cpu.prefix(self._keys(session, hit, limit)) if self.cpu is not None else 0
+        return Prefix(hit, free, cpu)
+
+    @staticmethod
+    def _keys(session: Session, start: int, stop: int) -> Iterator[int]:
+        return (session.key(index) for index in range(start, stop))
+
+    def blocks_to_allocate(self, prefix: Prefix, new_tokens: int) -> int:
+        """Free blocks that admitting a call with ``prefix`` and ``new_tokens`` more uses
+        up: its new blocks (CPU-tier ones included), plus the GPU hit blocks that are
+        free now (touching them takes them off the free queue)."""
+        computed = (prefix.gpu_blocks + prefix.cpu_blocks) * self.block_size
+        fresh = max(self.blocks_for(computed + new_tokens) - prefix.gpu_blocks, 0)
+        return fresh + prefix.free_gpu_blocks
+
+    def admit(self, call: Call, prefix: Prefix, new_tokens: int) -> bool:
+        """Give a waiting call its prefix (the GPU hit, plus new blocks for what loads
+        from the CPU tier) and blocks for ``new_tokens`` more."""
+        if self.blocks_to_allocate(prefix, new_tokens) > self.pool.num_free:
+            return False
+        session = call.session
+        shared = min(session.shared_blocks, prefix.gpu_blocks)
+        hit = self.pool.prefix_blocks(session.kv_group, shared) if shared else []
+        hit += self.pool.prefix_blocks(session.kv_owner, prefix.gpu_blocks - shared)
+        self.pool.touch(hit)
+        computed = (prefix.gpu_blocks + prefix.cpu_blocks) * self.block_size
+        fresh = self.pool.allocate(max(self.blocks_for(computed + new_tokens) - len(hit), 0))
+        assert fresh is not None
+        call.blocks = hit + fresh
+        call.num_computed_tokens = computed
+        call.num_hashed_blocks = len(hit)
+        self.cache_full_blocks(call)
+        return True
+
+    def grow(self, call: Call, new_tokens: int) -> bool:
+        """Blocks for ``new_tokens`` more tokens of a running call."""
+        needed = self.blocks_for(call.num_computed_tokens + new_tokens) - len(call.blocks)
+        if needed <= 0:
+            return True
+        fresh = self.pool.allocate(needed)
+        if fresh is None:
+            return False
+        call.blocks.extend(fresh)
+        return True
+
+    def cache_full_blocks(self, call: Call) -> None:
+        """Name the call's blocks that are now full of computed tokens."""
+        full = call.num_computed_tokens // self.block_size
+        start = call.num_hashed_blocks
+        if full <= start:
+            return
+        session, blocks = call.session, call.blocks
+        shared = session.shared_blocks
+        if start < shared:
+            stop = min(full, shared)
+            self.pool.cache_run(blocks[start:stop], session.kv_group, start)
+            start = stop
+        if start < full:
+            self.pool.cache_run(blocks[start:full], session.kv_owner, start - shared)
+        call.num_hashed_blocks = full
+
+    def free(self, call: Call) -> None:
+        self.pool.free(call.blocks)
+        call.blocks = []
+        call.num_hashed_blocks = 0
+
+    def store_to_cpu(self, session: Session, blocks: int) -> None:
+        """Copy the session's first ``blocks`` blocks to the CPU tier (a swap out)."""
+        if self.cpu is not None:
+            self.cpu.store(self._keys(session, 0, blocks))
+
+    # --- pins --------------------------------------------------------------------------
+
+    def pin(self, call: Call, now: float, ttl_s: float | None) -> Pin:
+        """Hold the finished call's full blocks for its session."""
+        blocks = call.blocks[: call.num_hashed_blocks]
+        self.pool.touch(blocks)
+        pin = Pin(
+            session_id=call.session_id,
+            block_ids=blocks,
+            tokens=len(blocks) * self.block_size,
+            pinned_s=now,
+            expires_s=None if ttl_s is None else now + ttl_s,
+            session_arrival_s=call.session_arrival_s,
+        )
+        self.pins[pin.session_id] = pin
+        self.pinned_blocks += pin.blocks
+        return pin
+
+    def unpin(self, session_id: str) -> Pin | None:
+        pin = self.pins.pop(session_id, None)
+        if pin is not None:
+            self.pool.free(pin.block_ids)
+            self.pinned_blocks -= pin.blocks
+        return pin

@@ -1,0 +1,27 @@
+"""When sessions arrive: a Poisson process (open loop)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from agentmars.server.workloads.model import SessionSpec
+
+
+def poisson_times(rng: np.random.Generator, rate: float, count: int) -> list[float]:
+    """``count`` arrival times of a Poisson process of ``rate`` per second starting at
+    0: cumulative sums of exponential gaps (the first arrival is one gap in)."""
+    times: list[float] = np.cumsum(rng.exponential(1.0 / rate, count)).tolist()
+    return times
+
+
+def arrive_together(
+    units: Sequence[Sequence[SessionSpec]], times: Sequence[float]
+) -> list[SessionSpec]:
+    """Every session of ``units[i]`` (one agent's sessions) arrives at ``times[i]``."""
+    return [
+        session.model_copy(update={"arrival_s": time})
+        for unit, time in zip(units, times, strict=True)
+        for session in unit
+    ]

@@ -1,0 +1,191 @@
+"""Task-parallel agents: seed 004 (Justitia) §5.1.
+
+Seed 004 mixes nine agent classes, sampled by size: small (EV, FV, CC, ALFWI,
+KBQAV; usually under a minute) 72%, medium (CG, PE, SC; 1-10 minutes) 26%, large
+(DM, MRS; over 10 minutes) 2%. An agent is a set of parallel inference tasks
+(§2.1): a file summarised chunk by chunk then merged (MRS), merges each followed
+by a scoring call (DM), a claim verified per call (EV, FV, CC, KBQAV), several
+reasoning paths voted on (SC), candidate programs (CG), a plan executed step by
+step with model tools (PE, after HuggingGPT), an ALFWorld episode (ALFWI).
+
+How one agent becomes sessions: each parallel branch is a session; a branch with
+several stages (FV's generate-queries then verify, DM's merge then score) is a
+multi-turn session whose stages are separated by a zero-length ``handoff`` tool
+(ALFWI's steps by ALFWorld environment steps, PE's by model-tool calls). All the
+branches of one agent arrive together, carry the agent's class in
+``SessionSpec.agent`` and the agent instance in ``prefix_group`` (their shared
+input, e.g. the question of SC or the documents of DM, is the shared prefix), and
+are named ``<instance>.<branch>``. ``sessions`` in ``build_workload`` counts
+agents, not branches.
+
+NOTE: the workload model has no dependencies between sessions, so an aggregation
+step (MRS's reduce) is the last turn of branch 0 and may run before the other
+branches finish. Branch counts and token sizes are ours, chosen so that the
+classes' mean memory cost (KV token-time, seed 004 §4.1) differs by about an order
+of magnitude per size class; the one published size, FV's generate-queries input
+of 360-380 tokens (Appendix A), is kept. The context cap is 32,768 tokens
+(Qwen2.5-32B, the largest model seed 004 serves).
+
+======  =========  ==========================  ===================================
+size    published  generated (20,000 agents)   mean KV token-time per agent (ours)
+======  =========  ==========================  ===================================
+small   72%        72.4%                       0.40M
+medium  26%        25.6%                       4.0M
+large   2%         2.0%                        39M
+======  =========  ==========================  ===================================
+
+(seed 0; the command is in docs/workloads.md.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentmars.server.workloads.model import SessionSpec, ToolSpec
+from agentmars.server.workloads.sampling import (
+    counts_with_moments,
+    lognormal_median,
+    tokens,
+)
+from agentmars.server.workloads.sessions import assemble_session
+from agentmars.server.workloads.tool_kinds import tool_call
+
+QWEN25_32B_CONTEXT = 32_768
+SIZE_SHARES = {"small": 0.72, "medium": 0.26, "large": 0.02}
+TOKEN_SIGMA = 0.4
+
+
+@dataclass(frozen=True)
+class AgentClass:
+    name: str
+    size: str
+    branches: tuple[float, float]
+    """Parallel branches (mean, sd); (1, 0) for one."""
+    stages: tuple[float, float]
+    """Inference calls per branch (mean, sd); (1, 0) for one."""
+    prompt: float
+    """Median tokens of a branch's first prompt."""
+    shared: float
+    """Fraction of it that is the agent's input, common to all branches."""
+    output: float
+    """Median output tokens of a call."""
+    append: float = 0.0
+    """Median tokens appended at each later stage."""
+    step_kind: str = "handoff"
+    step_s: float = 0.0
+    """Median duration of the step between stages (lognormal, sigma 0.5)."""
+    reduce_output: float = 0.0
+    """If set: branch 0 ends with a call reading the other branches' outputs."""
+
+
+AGENT_CLASSES = (
+    AgentClass("EV", "small", (3, 1.5), (1, 0), prompt=350, shared=0.6, output=120),
+    AgentClass("FV", "small", (3, 1.5), (2, 0), prompt=370, shared=0.5, output=80, append=600),
+    AgentClass("CC", "small", (3, 1.5), (1, 0), prompt=500, shared=0.6, output=250),
+    AgentClass(
+        "ALFWI",
+        "small",
+        (1, 0),
+        (10, 4),
+        prompt=1_200,
+        shared=0.0,
+        output=30,
+        append=60,
+        step_kind="env",
+        step_s=0.05,
+    ),
+    AgentClass("KBQAV", "small", (3, 1.5), (1, 0), prompt=400, shared=0.6, output=150),
+    AgentClass("CG", "medium", (4, 2), (1, 0), prompt=600, shared=1.0, output=800),
+    AgentClass(
+        "PE",
+        "medium",
+        (1, 0),
+        (4, 1.5),
+        prompt=1_500,
+        shared=0.0,
+        output=300,
+        append=300,
+        step_kind="api",
+        step_s=2.0,
+    ),
+    AgentClass("SC", "medium", (10, 3), (1, 0), prompt=500, shared=1.0, output=500),
+    AgentClass("DM", "large", (10, 3), (2, 0), prompt=3_000, shared=0.9, output=600, append=100),
+    AgentClass(
+        "MRS", "large", (30, 10), (1, 0), prompt=2_500, shared=0.05, output=250, reduce_output=600
+    ),
+)
+
+
+def task_parallel_agents(
+    rng: np.random.Generator, count: int, max_context: int, prefix: str
+) -> list[list[SessionSpec]]:
+    """``count`` agents, each the list of its branches' sessions."""
+    sizes = rng.choice(list(SIZE_SHARES), count, p=list(SIZE_SHARES.values())).tolist()
+    agents = []
+    for i, size in enumerate(sizes):
+        members = [c for c in AGENT_CLASSES if c.size == size]
+        agent = members[int(rng.integers(len(members)))]
+        agents.append(agent_sessions(agent, rng, f"{prefix}-{i:05d}", max_context))
+    return agents
+
+
+@dataclass
+class Branch:
+    own: int
+    """Tokens of its first prompt beyond the agent's shared input."""
+    appends: list[int]
+    outputs: list[int]
+    tools: list[ToolSpec]
+
+
+def agent_sessions(
+    agent: AgentClass, rng: np.random.Generator, instance: str, max_context: int
+) -> list[SessionSpec]:
+    branches = [draw_branch(agent, rng) for _ in range(draw_count(rng, agent.branches))]
+    if agent.reduce_output:
+        add_reduce(agent, rng, branches[0], sum(branch.outputs[-1] for branch in branches[1:]))
+    shared = round(agent.prompt * agent.shared)
+    return [
+        assemble_session(
+            f"{instance}.{i}",
+            agent=agent.name,
+            first_prompt=shared + branch.own,
+            appends=branch.appends,
+            outputs=branch.outputs,
+            tools=branch.tools,
+            max_context=max_context,
+            shared_prefix=shared if len(branches) > 1 else 0,
+            prefix_group=instance,
+        )
+        for i, branch in enumerate(branches)
+    ]
+
+
+def draw_branch(agent: AgentClass, rng: np.random.Generator) -> Branch:
+    stages = draw_count(rng, agent.stages)
+    own = agent.prompt * (1 - agent.shared)
+    return Branch(
+        own=tokens(lognormal_median(rng, own, TOKEN_SIGMA, 1), minimum=0)[0] if own else 0,
+        appends=tokens(lognormal_median(rng, max(agent.append, 1), TOKEN_SIGMA, stages - 1)),
+        outputs=tokens(lognormal_median(rng, agent.output, TOKEN_SIGMA, stages)),
+        tools=stage_steps(agent, rng, stages - 1),
+    )
+
+
+def add_reduce(agent: AgentClass, rng: np.random.Generator, branch: Branch, inputs: int) -> None:
+    """Branch 0 reads the other branches' outputs and writes the merged result."""
+    branch.appends.append(inputs)
+    branch.outputs.append(tokens(lognormal_median(rng, agent.reduce_output, TOKEN_SIGMA, 1))[0])
+    branch.tools.append(tool_call("handoff", 0.0))
+
+
+def stage_steps(agent: AgentClass, rng: np.random.Generator, size: int) -> list[ToolSpec]:
+    walls = lognormal_median(rng, agent.step_s, 0.5, size) if agent.step_s else np.zeros(size)
+    return [tool_call(agent.step_kind, wall) for wall in walls.tolist()]
+
+
+def draw_count(rng: np.random.Generator, moments: tuple[float, float]) -> int:
+    mean, sd = moments
+    return round(mean) if sd == 0 else int(counts_with_moments(rng, mean, sd, 1)[0])

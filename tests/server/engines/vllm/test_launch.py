@@ -1,0 +1,49 @@
+"""The vLLM server's command line and environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentmars.server.engines.vllm.launch import VllmServerConfig, server_argv, server_env
+
+PYTHON = Path("/envs/vllm/bin/python")
+MODEL = Path("/cache/models/tiny-llama-abc")
+
+
+def test_default_command_runs_the_module_with_fixed_kv_capacity() -> None:
+    config = VllmServerConfig(python=PYTHON, model=MODEL)
+    assert server_argv(config) == [
+        "/envs/vllm/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/cache/models/tiny-llama-abc",
+        "--served-model-name",
+        "tiny-llama",
+        "--host",
+        "127.0.0.1",
+        "--max-model-len",
+        "32768",
+        "--num-gpu-blocks-override",
+        "512",
+        "--kv-cache-memory-bytes",
+        "1073741824",
+    ]
+    assert server_env(config) == {}
+
+
+def test_cores_pin_the_whole_server_and_its_compute_threads() -> None:
+    config = VllmServerConfig(
+        python=PYTHON, model=MODEL, cores="0", extra_args=("--scheduling-policy", "priority")
+    )
+    argv = server_argv(config)
+    assert argv[:4] == ["taskset", "-c", "0", "/envs/vllm/bin/python"]
+    assert argv[-2:] == ["--scheduling-policy", "priority"]
+    assert server_env(config) == {"VLLM_CPU_OMP_THREADS_BIND": "0"}
+
+
+def test_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="num_blocks must be positive"):
+        VllmServerConfig(python=PYTHON, model=MODEL, num_blocks=0)

@@ -1,0 +1,199 @@
+"""InferCept: the three memory wastes of a call paused for a tool, and what each engine
+step does with the paused calls' KV: swap out (within the step's swap budget, most
+wasteful first), discard, or preserve.
+
+Seed 001's Figure 1 (FCFS 11.66, SJF 10.33, SJF-total 11, optimized 10 time units) is
+not reproduced as completion times: the figure itself is missing from the text, which
+gives neither R3's pre-API size nor the swap cost and budget; the example runs one
+request at a time with recomputation one token per time unit, while the simulated
+engine prefills a discarded context in one step; and its SJF / SJF-total / optimized
+orders are seed 001's own scheduler, not a baseline. What the text does fix -- R1
+preserved with 5 tokens over a 2-unit API, R2 discarded with 1 token over a 7-unit API
+-- follows from the waste equations and is checked below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from agentmars.server.policies.infercept import InferCept, waste
+from agentmars.server.policies.interface import Pin, Release, SessionAction
+from tests.server.policies.scenarios import calls, ends, evicted_before, run, session, turn
+from tests.server.policies.views import EngineData, LinearCosts, PinData, call
+
+# Prefill 1 ms a token; a decode step 10 ms; 2 ms to move one 16-token block.
+COSTS = LinearCosts(prefill_s_per_token=0.001, decode_step_s=0.01, transfer_s_per_block=0.002)
+
+
+def test_the_three_wastes() -> None:
+    view = EngineData(costs=COSTS)
+    # C_i = 32 tokens (2 blocks), T_INT = 1.0 s, C_other = 11 (C_batch = 43):
+    #   Preserve = 1.0 x 32 = 32;  Discard = T_fwd(32) x 43 = 0.032 x 43 = 1.376;
+    #   Swap = 2 x T_swap(2 blocks) x 43 = 2 x 0.004 x 43 = 0.344  (token-seconds).
+    wasted = waste(32, 1.0, 11, view)
+    assert (wasted.preserve, wasted.discard, wasted.swap) == pytest.approx((32.0, 1.376, 0.344))
+
+
+def paused(policy: InferCept, session_id: str, tool_s: float, at: float = 9.0) -> None:
+    """``session_id``'s call finished at ``at`` and asked for a tool of ``tool_s``."""
+    decision = policy.on_call_finished(call(session_id, expected_tool_s=tool_s), EngineData(now=at))
+    assert decision == Pin()  # kept at first, judged at the next step
+
+
+# Three paused sessions, judged at 10.0 with one running call of 100 tokens
+# (C_other = 100), a swap budget of int(10 ms step / 2 ms a block) = 5 blocks:
+#   p: 64 tokens (4 blocks), tool ends 12.0 (2.0 s left): Preserve 128,
+#      Discard 0.064 x 164 = 10.496 -> min 10.496
+#   q: 32 tokens (2 blocks), tool ends 10.1 (0.1 s left): Preserve 3.2,
+#      Discard 0.032 x 132 = 4.224 -> min 3.2
+#   r: 16 tokens (1 block), tool ends 20.0 (10 s left): Preserve 160,
+#      Discard 0.016 x 116 = 1.856 -> min 1.856
+# Order, most wasteful first: p, q, r.
+PINS = (PinData("p", 4, 64), PinData("q", 2, 32), PinData("r", 1, 16))
+RUNNING = (call("x", prompt_tokens=90, output_tokens=10),)
+
+
+def judged() -> tuple[InferCept, EngineData]:
+    """The policy after p, q and r paused at 9.0, and the engine at 10.0."""
+    policy = InferCept()
+    for session_id, tool_s in [("p", 3.0), ("q", 1.1), ("r", 11.0)]:
+        paused(policy, session_id, tool_s)
+    view = EngineData(now=10.0, pins=PINS, running=RUNNING, costs=COSTS, cpu_free_blocks=64)
+    return policy, view
+
+
+def test_swap_the_most_wasteful_within_the_budget_then_discard_or_preserve() -> None:
+    policy, view = judged()
+    # Budget 5: p (4 blocks) swapped, 1 left; q (2) does not fit: Discard 4.224 >=
+    # Preserve 3.2 -> preserved (no action); r (1) fits: swapped.
+    assert list(policy.tick(view)) == [
+        SessionAction("offload", "p"),
+        SessionAction("offload", "r"),
+    ]
+
+
+def test_without_swap_budget_the_cheaper_of_discard_and_preserve() -> None:
+    # 20 ms a block: int(10 / 20) = 0 blocks a step.
+    policy, view = judged()
+    view = replace(view, costs=replace(COSTS, transfer_s_per_block=0.02))
+    # p: Discard 10.496 < Preserve 128 -> discard; q: preserve; r: 1.856 < 160 -> discard.
+    assert list(policy.tick(view)) == [
+        SessionAction("unpin", "p"),
+        SessionAction("unpin", "r"),
+    ]
+
+
+def test_no_more_is_swapped_than_the_cpu_tier_has_room_for() -> None:
+    policy, view = judged()
+    view = replace(view, cpu_free_blocks=4)
+    # Budget min(5, 4 free CPU blocks) = 4: p (4) swapped, none left; q preserved;
+    # r (1 block) no longer fits: discarded (1.856 < 160).
+    assert list(policy.tick(view)) == [
+        SessionAction("offload", "p"),
+        SessionAction("unpin", "r"),
+    ]
+
+
+def test_a_pin_whose_tool_has_ended_is_left_for_its_next_call() -> None:
+    policy, view = judged()
+    # At 10.5, with a budget of 10 ms / 1.25 ms = 8 blocks, room for all three: q's
+    # tool (ended 10.1) is over, so q is no longer intercepted and is left alone (its
+    # next call takes the pin over when admitted); p (1.5 s left) and r (9.5 s left)
+    # are swapped.
+    view = replace(view, now=10.5, costs=replace(COSTS, transfer_s_per_block=0.00125))
+    assert list(policy.tick(view)) == [
+        SessionAction("offload", "p"),
+        SessionAction("offload", "r"),
+    ]
+    # Once every tool has ended there is nothing to judge.
+    assert list(policy.tick(replace(view, now=20.0))) == []
+
+
+def test_the_swap_budget_is_one_decode_step_of_the_running_batch() -> None:
+    policy = InferCept()
+    pins = [PinData(f"s{i}", 1, 16) for i in range(10)]
+    for pin in pins:
+        paused(policy, pin.session_id, tool_s=100.0)
+    # Two running calls of 100 tokens each. Decode step: 0.609375 s + 1/512 s per
+    # context token of each sequence: 0.609375 + 2 x 100 / 512 = 1.0 s; a block moves
+    # in 0.125 s: 8 blocks a step. The ten 1-block pins tie: the first 8 are swapped,
+    # the last 2 discarded (Discard 0.016 x 216 = 3.456 < Preserve 99 x 16 = 1584).
+    costs = LinearCosts(
+        prefill_s_per_token=0.001,
+        decode_step_s=0.609375,
+        decode_s_per_token=1 / 512,
+        transfer_s_per_block=0.125,
+    )
+    running = [call("x", prompt_tokens=100), call("y", prompt_tokens=100)]
+    view = EngineData(now=10.0, pins=pins, running=running, costs=costs, cpu_free_blocks=64)
+    actions = list(policy.tick(view))
+    assert [a.kind for a in actions] == ["offload"] * 8 + ["unpin"] * 2
+    assert [a.session_id for a in actions] == [p.session_id for p in pins]
+
+
+def test_seed_001_figure_1_r1_is_preserved_and_r2_discarded() -> None:
+    # The example's units: 1 memory unit a token (blocks of 1 token), recomputing costs
+    # 1 time unit a token, one request runs at a time (C_other = 0), no swap (a block
+    # takes 2 units to move, a step 1: budget 0).
+    units = LinearCosts(prefill_s_per_token=1.0, decode_step_s=1.0, transfer_s_per_block=2.0)
+    policy = InferCept()
+    paused(policy, "R1", tool_s=2.0, at=0.0)  # 5 tokens before its 2-unit API
+    paused(policy, "R2", tool_s=7.0, at=0.0)  # 1 token before its 7-unit API
+    view = EngineData(
+        now=0.0, block_size=1, pins=[PinData("R1", 5, 5), PinData("R2", 1, 1)], costs=units
+    )
+    # R1: Preserve 2 x 5 = 10, Discard 5 x (5 + 0) = 25 -> preserve (no action).
+    # R2: Preserve 7 x 1 = 7, Discard 1 x (1 + 0) = 1 -> discard.
+    assert waste(5, 2.0, 0, view).preserve == 10
+    assert waste(5, 2.0, 0, view).discard == 25
+    assert list(policy.tick(view)) == [SessionAction("unpin", "R2")]
+
+
+def test_fcfs_by_the_sessions_original_arrival() -> None:
+    policy, view = InferCept(), EngineData()
+    resumed = call("a", 3, arrival_s=9.0, session_arrival_s=0.0)
+    fresh = call("b", 0, arrival_s=1.0, session_arrival_s=1.0)
+    order = sorted([fresh, resumed], key=lambda c: policy.priority(c, view))
+    assert order == [resumed, fresh]
+
+
+def test_a_call_that_calls_no_tool_releases_its_kv() -> None:
+    assert InferCept().on_call_finished(call("a"), EngineData()) == Release()
+
+
+# --- on the simulated engine (10 ms steps, 16-token blocks; see scenarios.py) ----------
+
+# a: 30-token prompt, 3 out, a 1 s tool, then 8 more and 2 out. b: a long call (8-token
+# prompt, 56 out) that keeps the engine stepping, and over its run takes all 4 blocks.
+BUSY = (session("a", turn(30, 3, tool_s=1.0), turn(8, 2)), session("b", turn(8, 56)))
+
+
+def test_a_discarded_context_is_recomputed() -> None:
+    record = run("infercept", *BUSY, blocks=4, cpu_bandwidth=1600)
+    # 0.03: a's first call ends (32 computed tokens, 2 full blocks pinned). At the next
+    # step: C_i = 32, T_INT = 1.0, C_other = b's 11 tokens; T_fwd(32) = one step, 10 ms.
+    # Preserve 32, Discard 0.01 x 43 = 0.43. Budget: 10 ms step / 10 ms a block = 1 <
+    # 2 blocks: no swap; Discard < Preserve: discarded, a's 2 blocks go to the free
+    # queue after the one never used. b grows to 4 blocks before it ends (0.56): it
+    # takes that one, then a's 2 (2 evictions while a's tool runs).
+    # 1.03: a's 2nd call (41 tokens) finds nothing: first token 1.04, end 1.05.
+    assert evicted_before(record, 1.03) == 2
+    assert [c.cached_tokens for c in calls(record, "a")] == [0, 0]
+    assert ends(record) == pytest.approx({"a": 1.05, "b": 0.56})
+    assert record.computed_tokens == (30 + 2) + (8 + 55) + (41 + 1)
+    assert record.pinned_block_s == 0.0
+
+
+def test_a_swapped_context_is_loaded_back() -> None:
+    record = run("infercept", *BUSY, blocks=4, cpu_bandwidth=3200)
+    # A block now moves in 5 ms: budget 10 / 5 = 2 blocks, a's 2 are swapped out at
+    # 0.03 (then evicted from the GPU as above). 1.03: a's 2nd call finds its 32
+    # tokens in the CPU tier; loading 2 blocks takes 10 ms: it computes the other 9 at
+    # 1.04 (first token 1.05) and ends at 1.06.
+    a_calls = calls(record, "a")
+    assert [c.cached_tokens for c in a_calls] == [0, 32]
+    assert a_calls[1].first_token_s == pytest.approx(1.05)
+    assert ends(record) == pytest.approx({"a": 1.06, "b": 0.56})
+    assert record.computed_tokens == (30 + 2) + (8 + 55) + (9 + 1)

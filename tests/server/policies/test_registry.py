@@ -1,0 +1,144 @@
+"""The policy registry: every baseline is selectable by name, and a wrong name or a
+wrong setting fails with a message that says what would be right."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentmars.server.policies.autellix import Autellix
+from agentmars.server.policies.continuum import Continuum, ContinuumDynamic
+from agentmars.server.policies.fcfs import FCFS
+from agentmars.server.policies.infercept import InferCept
+from agentmars.server.policies.interface import Policy
+from agentmars.server.policies.registry import (
+    UnknownPolicy,
+    describe_policy,
+    make_policy,
+    policy_class,
+    policy_names,
+    register,
+)
+from agentmars.server.policies.thunderagent import ThunderAgent, ThunderAgentOffload
+from agentmars.server.policies.vtc import VTC
+
+BASELINES: dict[str, type[Policy]] = {
+    "fcfs": FCFS,
+    "autellix": Autellix,
+    "infercept": InferCept,
+    "continuum": Continuum,
+    "continuum-dy": ContinuumDynamic,
+    "thunderagent": ThunderAgent,
+    "thunderagent-cpu": ThunderAgentOffload,
+    "vtc": VTC,
+}
+
+
+@pytest.mark.parametrize(("name", "cls"), BASELINES.items())
+def test_each_baseline_is_registered_under_its_name(name: str, cls: type[Policy]) -> None:
+    assert name in policy_names()
+    assert policy_class(name) is cls
+    policy = make_policy(name)
+    assert type(policy) is cls
+    assert policy.name == name
+    assert policy.variant  # which published rule or code it follows
+
+
+def test_names_are_listed_sorted() -> None:
+    names = policy_names()
+    assert names == sorted(names)
+
+
+def test_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownPolicy) as caught:
+        make_policy("sjf")
+    message = str(caught.value)
+    assert "'sjf'" in message
+    for name in BASELINES:
+        assert name in message
+    assert isinstance(caught.value, ValueError)  # the CLI reports ValueErrors cleanly
+
+
+def test_unknown_setting_names_it_and_the_accepted_ones() -> None:
+    expected = r"policy 'continuum' has no setting ttl \(settings: ttl_s\)"
+    with pytest.raises(ValueError, match=expected):
+        make_policy("continuum", ttl=1.0)
+
+
+def test_a_policy_without_settings_says_so() -> None:
+    with pytest.raises(ValueError, match=r"policy 'fcfs' has no setting beta \(settings: none\)"):
+        make_policy("fcfs", beta=2.0)
+
+
+INCREASING = "boundaries_s must be positive and increasing"
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "message"),
+    [
+        ("autellix", {"boundaries_s": [0.04, 0.02]}, INCREASING),
+        ("autellix", {"boundaries_s": [0.0, 0.02]}, INCREASING),
+        ("autellix", {"beta": 0.0}, "beta must be positive"),
+        ("continuum", {"ttl_s": 0.0}, "ttl_s must be positive"),
+        ("continuum-dy", {"ttl_s": -1.0}, "ttl_s must be positive"),
+        ("continuum-dy", {"min_samples": 0}, "min_samples must be at least 1"),
+        ("thunderagent", {"check_interval_s": 0.0}, "check_interval_s must be positive"),
+        ("thunderagent-cpu", {"check_interval_s": -5.0}, "check_interval_s must be positive"),
+        ("vtc", {"w_prompt": -1.0}, "weights must be non-negative"),
+        ("vtc", {"w_output": -2.0}, "weights must be non-negative"),
+    ],
+)
+def test_bad_setting_values_are_refused(
+    name: str, settings: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_policy(name, **settings)
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_settings_round_trip_through_make_policy(name: str) -> None:
+    # What a results file records must rebuild the same policy.
+    settings = make_policy(name).settings()
+    assert make_policy(name, **settings).settings() == settings
+
+
+def test_settings_record_the_chosen_values() -> None:
+    assert make_policy("continuum-dy", ttl_s=1.5, min_samples=10).settings() == {
+        "ttl_s": 1.5,
+        "min_samples": 10,
+    }
+    assert make_policy("thunderagent", check_interval_s=2.0).settings() == {"check_interval_s": 2.0}
+    assert make_policy("vtc", w_prompt=0.5, w_output=1.0).settings() == {
+        "w_prompt": 0.5,
+        "w_output": 1.0,
+    }
+    assert make_policy("autellix", boundaries_s=[0.1, 0.2], beta=4.0).settings() == {
+        "boundaries_s": [0.1, 0.2],
+        "beta": 4.0,
+    }
+
+
+def test_every_policy_object_is_fresh() -> None:
+    # A policy object keeps per-run state (counters, statistics): never shared.
+    assert make_policy("vtc") is not make_policy("vtc")
+
+
+def test_describe_policy_is_the_docstrings_first_line() -> None:
+    first_line = "First come, first served: stock vLLM V1 (the baseline of every seed)."
+    assert describe_policy("fcfs") == first_line
+
+
+def test_a_name_cannot_be_taken_twice() -> None:
+    class Impostor(Policy):
+        name = "fcfs"
+
+    with pytest.raises(TypeError, match="policy name 'fcfs' is taken by FCFS"):
+        register(Impostor)
+    assert policy_class("fcfs") is FCFS
+
+
+def test_a_policy_needs_a_name() -> None:
+    class Nameless(Policy):
+        pass
+
+    with pytest.raises(TypeError, match="has no name"):
+        register(Nameless)

@@ -1,0 +1,254 @@
+"""The simulated engine on scenarios worked out by hand, and its invariants as
+properties over random small workloads."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentmars.server.policies.registry import make_policy
+from agentmars.server.sim.engine import SimConfig, SimEngine, SimError, isolated_sessions
+from tests.server.sim.factories import STEP_S, flat_profile, session, workload
+
+
+def run(*sessions, policy="fcfs", profile=None, config=None, **fields):
+    engine = SimEngine(
+        workload(*sessions, **fields), make_policy(policy), profile or flat_profile(), config
+    )
+    return engine, engine.run()
+
+
+def test_one_turn_takes_one_prefill_step_then_one_step_per_token() -> None:
+    # 100-token prompt in one step (budget 256) gives the first token at 10 ms; the
+    # other 4 tokens take one decode step each: the last at 50 ms.
+    engine, record = run(session("a", [(100, 5, None)]))
+    (call,) = record.sessions[0].calls
+    assert call.first_token_s == pytest.approx(STEP_S)
+    assert call.end_s == pytest.approx(5 * STEP_S)
+    assert record.sessions[0].latency_s == pytest.approx(5 * STEP_S)
+    assert record.steps == 5
+    # KV computed: the 100 prompt tokens, then the 4 generated tokens fed back (the
+    # 5th token's KV is never computed).
+    assert record.computed_tokens == 104
+    assert engine.kv.pool.num_free == engine.kv.pool.num_blocks
+
+
+def test_prompt_is_computed_in_budget_sized_chunks() -> None:
+    # 600 tokens at 256 per step: 256, 256, 88 -> first token after 3 steps.
+    _, record = run(session("a", [(600, 1, None)]))
+    assert record.sessions[0].calls[0].first_token_s == pytest.approx(3 * STEP_S)
+    assert record.steps == 3
+
+
+def test_next_turn_reuses_the_cached_prefix_after_a_tool() -> None:
+    # Turn 0: 100 + 5 tokens, done at 50 ms; KV computed for 104 tokens = 6 full blocks.
+    # Tool 1 s -> turn 1 submitted at 1.05 s with prompt 105 + 50 = 155; 96 tokens hit,
+    # 59 computed in one step -> first token 1.06 s; 2 more tokens -> end 1.08 s.
+    _, record = run(session("a", [(100, 5, 1.0), (50, 3, None)]))
+    _, second = record.sessions[0].calls
+    tool = record.sessions[0].tools[0]
+    assert (tool.start_s, tool.end_s) == (pytest.approx(0.05), pytest.approx(1.05))
+    assert second.prompt_tokens == 155
+    assert second.cached_tokens == 96
+    assert second.first_token_s == pytest.approx(1.06)
+    assert second.end_s == pytest.approx(1.08)
+    assert record.prefix_queries == 100 + 155
+    assert record.prefix_hits == 96
+
+
+def test_waiting_call_blocks_the_queue_until_its_whole_prompt_fits() -> None:
+    # 4 blocks of 16 tokens. "a" holds 3 blocks (40-token prompt + 8 generated) until
+    # it ends at 80 ms; "b" (40 tokens, 3 blocks) fits only once "a" is gone (vLLM
+    # admits a call only when its whole prompt fits), so it starts at 80 ms.
+    profile = flat_profile(num_gpu_blocks=4, max_model_len=64)
+    _, record = run(session("a", [(40, 8, None)]), session("b", [(40, 8, None)]), profile=profile)
+    ends = {s.session_id: s.end_s for s in record.sessions}
+    assert ends["a"] == pytest.approx(8 * STEP_S)
+    b_call = next(s for s in record.sessions if s.session_id == "b").calls[0]
+    assert b_call.first_token_s == pytest.approx(9 * STEP_S)
+    assert record.preemptions == 0
+
+
+def test_newest_running_call_is_preempted_and_recomputed_when_kv_runs_out() -> None:
+    # 5 blocks. a and b (prompt 30, 2 blocks each) both start at once. Each needs a 3rd
+    # block once it reaches 33 tokens (step 4) -> 1 block left... a takes it; b, the
+    # newest, cannot grow: it is preempted (its blocks return to the cache) and comes
+    # back when a has finished.
+    profile = flat_profile(num_gpu_blocks=5, max_model_len=80)
+    _, record = run(session("a", [(30, 40, None)]), session("b", [(30, 40, None)]), profile=profile)
+    calls = {s.session_id: s.calls[0] for s in record.sessions}
+    assert calls["a"].preemptions == 0
+    assert calls["b"].preemptions >= 1
+    assert record.preemptions == calls["b"].preemptions
+    # Everything b computed before its preemption and did not find again is redone.
+    assert calls["b"].recomputed_tokens > 0
+    total = sum(
+        c.prompt_tokens + c.output_tokens - 1 - c.cached_tokens + c.recomputed_tokens
+        for c in calls.values()
+    )
+    assert record.computed_tokens == total
+
+
+def test_tools_share_the_host_cores_when_oversubscribed() -> None:
+    # Two 1 s tools asking for one core each on one core run at half speed: 2 s each.
+    config = SimConfig(tool_cores=1)
+    sessions = [session(name, [(20, 1, 1.0), (5, 1, None)], tool_cpu_s=1.0) for name in ("a", "b")]
+    _, record = run(*sessions, config=config)
+    for s in record.sessions:
+        assert s.tools[0].end_s - s.tools[0].start_s == pytest.approx(2.0)
+    assert record.tool_busy_core_s == pytest.approx(2.0)
+
+
+def test_tool_slots_queue_tools_in_arrival_order() -> None:
+    config = SimConfig(tool_slots=1)
+    sessions = [session(name, [(20, 1, 1.0), (5, 1, None)]) for name in ("a", "b")]
+    _, record = run(*sessions, config=config)
+    tools = sorted((s.tools[0] for s in record.sessions), key=lambda t: t.start_s)
+    assert tools[0].queue_s == pytest.approx(0.0)
+    assert tools[1].start_s == pytest.approx(tools[0].end_s)
+
+
+def test_closed_loop_keeps_concurrency_sessions_in_flight() -> None:
+    sessions = [session(f"s{i}", [(20, 3, None)], arrival_s=100.0) for i in range(3)]
+    _, record = run(*sessions, arrival="closed", concurrency=1)
+    # arrival_s is ignored: one after the other, each 3 steps long.
+    ends = sorted(s.end_s for s in record.sessions)
+    assert ends == [pytest.approx(0.03), pytest.approx(0.06), pytest.approx(0.09)]
+
+
+def test_isolated_sessions_are_each_run_alone_from_time_zero() -> None:
+    w = workload(
+        session("a", [(100, 5, None)], arrival_s=3.0), session("b", [(100, 5, None)], arrival_s=3.0)
+    )
+    alone = isolated_sessions(w, flat_profile())
+    assert {k: v.latency_s for k, v in alone.items()} == {
+        "a": pytest.approx(0.05),
+        "b": pytest.approx(0.05),
+    }
+
+
+def test_workload_longer_than_the_context_limit_is_refused() -> None:
+    with pytest.raises(SimError, match="context limit"):
+        SimEngine(
+            workload(session("a", [(2000, 5, None)])),
+            make_policy("fcfs"),
+            flat_profile(num_gpu_blocks=64),
+        )
+
+
+def test_policy_that_needs_a_cpu_tier_is_refused_without_one() -> None:
+    with pytest.raises(SimError, match="CPU KV tier"):
+        SimEngine(
+            workload(session("a", [(20, 5, None)])),
+            make_policy("autellix"),
+            flat_profile(),
+            SimConfig(cpu_tier=False),
+        )
+
+
+# --- invariants -------------------------------------------------------------------------
+
+turns = st.lists(
+    st.tuples(st.integers(1, 120), st.integers(1, 40), st.floats(0.0, 2.0)), min_size=1, max_size=4
+)
+sessions_strategy = st.lists(st.tuples(turns, st.floats(0.0, 3.0)), min_size=1, max_size=5)
+
+
+def build(raw):
+    specs = []
+    for index, (raw_turns, arrival) in enumerate(raw):
+        shaped = [
+            (a, o, w if i < len(raw_turns) - 1 else None) for i, (a, o, w) in enumerate(raw_turns)
+        ]
+        specs.append(session(f"s{index}", shaped, arrival_s=arrival, tool_cpu_s=0.5))
+    return specs
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    raw=sessions_strategy,
+    blocks=st.integers(32, 64),
+    policy=st.sampled_from(["fcfs", "continuum", "vtc", "continuum-dy"]),
+)
+def test_invariants(raw, blocks: int, policy: str) -> None:
+    specs = build(raw)
+    profile = flat_profile(num_gpu_blocks=blocks, max_num_batched_tokens=64, max_num_seqs=3)
+    engine, record = run(*specs, policy=policy, profile=profile, config=SimConfig(tool_cores=1))
+    # Every session finished, every call produced all its tokens, in time order.
+    assert sorted(s.session_id for s in record.sessions) == sorted(s.session_id for s in specs)
+    for s in record.sessions:
+        spec = next(x for x in specs if x.session_id == s.session_id)
+        assert [c.output_tokens for c in s.calls] == [t.output_tokens for t in spec.turns]
+        for c in s.calls:
+            assert c.submit_s <= c.first_token_s <= c.end_s
+    # No block is leaked or over-allocated: all free again, no pin left.
+    assert engine.kv.pool.num_free == blocks and not engine.kv.pins and engine.kv.pinned_blocks == 0
+    # Every token is computed once, plus what preemptions made it recompute.
+    calls = [c for s in record.sessions for c in s.calls]
+    expected = sum(
+        c.prompt_tokens + c.output_tokens - 1 - c.cached_tokens + c.recomputed_tokens for c in calls
+    )
+    assert record.computed_tokens == expected
+    assert record.preemptions == sum(c.preemptions for c in calls)
+    assert all(c.recomputed_tokens == 0 for c in calls if c.preemptions == 0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    raw=sessions_strategy,
+    policy=st.sampled_from(["fcfs", "continuum", "autellix", "thunderagent-cpu"]),
+)
+def test_same_input_same_run(raw, policy: str) -> None:
+    specs = build(raw)
+    profile = flat_profile(num_gpu_blocks=40, cpu_kv_blocks=100, max_num_batched_tokens=64)
+    first = dataclasses.asdict(run(*specs, policy=policy, profile=profile)[1])
+    second = dataclasses.asdict(run(*specs, policy=policy, profile=profile)[1])
+    assert first == second
+
+
+@settings(max_examples=40, deadline=None)
+@given(raw=sessions_strategy)
+def test_a_prefix_that_survives_is_reused_in_full(raw) -> None:
+    # With room for everything nothing is evicted, so each next turn finds every full
+    # block of what its session computed before: (prompt + output - 1) // 16 blocks.
+    specs = build(raw)
+    _, record = run(*specs, profile=flat_profile(num_gpu_blocks=4096, max_model_len=4096))
+    assert not record.evictions
+    for s in record.sessions:
+        for before, after in zip(s.calls, s.calls[1:], strict=False):
+            assert (
+                after.cached_tokens == (before.prompt_tokens + before.output_tokens - 1) // 16 * 16
+            )
+
+
+@settings(max_examples=30, deadline=None)
+@given(raw=sessions_strategy, policy=st.sampled_from(["fcfs", "continuum", "infercept"]))
+def test_decode_jumps_change_nothing_but_the_work(raw, policy: str) -> None:
+    specs = build(raw)
+    profile = flat_profile(num_gpu_blocks=48, cpu_kv_blocks=100, max_num_batched_tokens=64)
+    timings = []
+    for jumps in (True, False):
+        _, record = run(
+            *specs, policy=policy, profile=profile, config=SimConfig(decode_jumps=jumps)
+        )
+        calls = [c for s in sorted(record.sessions, key=lambda s: s.session_id) for c in s.calls]
+        timings.append(
+            (
+                [(c.first_token_s, c.end_s, c.cached_tokens, c.recomputed_tokens) for c in calls],
+                record.steps,
+                record.computed_tokens,
+                record.preemptions,
+            )
+        )
+    assert _same(timings[0], timings[1])
+
+
+def _same(a, b) -> bool:
+    (calls_a, *counts_a), (calls_b, *counts_b) = a, b
+    assert counts_a == counts_b
+    for x, y in zip(calls_a, calls_b, strict=True):
+        assert x[0] == pytest.approx(y[0]) and x[1] == pytest.approx(y[1]) and x[2:] == y[2:]
+    return True
