@@ -39,8 +39,10 @@ lint: env
 typecheck: env
 	$(BIN)/mypy $(MYPY_CORE)
 
+# The real-engine tests (marked slow) run on the vLLM CPU environment, built and
+# cached by scripts/vllm-env.sh on the first run (a few minutes), reused after.
 pytest: env
-	$(BIN)/pytest
+	py=$$(scripts/vllm-env.sh) && AGENTMARS_VLLM_PYTHON=$$py $(BIN)/pytest
 
 test: lint typecheck pytest
 

@@ -432,3 +432,19 @@ def test_non_openai_streams_are_refused(chunks: list[str], media_type: str, mess
         pytest.raises(CalibrationError, match=message),
     ):
         record(url, MODEL, ENGINE, [plan], vocab_size=500)
+
+
+def test_a_mixed_window_timed_far_too_short_is_set_aside() -> None:
+    # A mixed probe whose prefill fell into another step leaves a window 20x too short;
+    # under relative weights alone it would outweigh every other equation (seen on a
+    # real vLLM recording: a 2032-token prefill "taking" 2 ms).
+    truth = FittedCost(c0=0.02, c1=3e-5, c2=1e-8, c3=5e-4, c4=1e-6)
+    rows = synthetic_rows(truth, overhead=0.004, noise=0.01, seed=7)
+    index = next(i for i, row in enumerate(rows) if row.kind == "mixed" and row.features[1] == 1000)
+    short = rows[index]
+    rows[index] = Row(short.kind, short.seconds / 20, short.features, short.requests)
+    fit = fit_rows(rows)
+    assert fit.errors["mixed"].outliers == 1
+    assert fit.cost.c1 == pytest.approx(truth.c1, rel=0.1)
+    assert fit.cost.c3 == pytest.approx(truth.c3, rel=0.1)
+    assert fit.r_squared > 0.99

@@ -281,12 +281,14 @@ def _design(rows: Sequence[Row]) -> tuple[np.ndarray, np.ndarray]:
     return a, y
 
 
-def _solve(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising the relative error of ``a x`` against ``y``."""
-    weighted = a / y[:, None]
+def _solve(a: np.ndarray, y: np.ndarray, *, relative: bool = True) -> np.ndarray:
+    """Non-negative coefficients minimising the relative (else the absolute) error of
+    ``a x`` against ``y``."""
+    weights = y if relative else np.full(len(y), y.mean())
+    weighted = a / weights[:, None]
     scale = np.linalg.norm(weighted, axis=0)
     scale[scale == 0] = 1.0
-    solution: np.ndarray = nnls(weighted / scale, np.ones(len(y))) / scale
+    solution: np.ndarray = nnls(weighted / scale, y / weights) / scale
     return solution
 
 
@@ -303,15 +305,21 @@ def fit_rows(rows: Sequence[Row]) -> Fit:
         raise ValueError("measured times must be positive")
     a, y = _design(rows)
     kept = np.ones(len(rows), dtype=bool)
+    # NOTE: the first fit weighs absolute errors: under relative weights one short,
+    # mis-attributed window (a mixed probe whose prefill fell into another step) can
+    # outweigh every other equation and hide from the outlier test it tilted.
+    solution = _solve(a, y, relative=False)
     for _ in range(OUTLIER_REFITS):
-        solution = _solve(a[kept], y[kept])
         relative = np.abs(a @ solution / y - 1.0)
         spread = 1.4826 * float(np.median(relative[kept]))
         now_kept = relative <= max(OUTLIER_SPREADS * spread, MIN_OUTLIER_ERROR)
-        if (now_kept == kept).all() or now_kept.sum() <= len(FEATURES) + 1:
+        if now_kept.sum() <= len(FEATURES) + 1:
             break
+        changed = not (now_kept == kept).all()
         kept = now_kept
-    solution = _solve(a[kept], y[kept])
+        solution = _solve(a[kept], y[kept])
+        if not changed:
+            break
     c0, c1, c2, c3, c4, overhead = (float(v) for v in solution)
     if c0 <= 0:
         raise ValueError(
