@@ -126,3 +126,17 @@ def test_bad_input_exits_2_with_a_message(
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_results_record_the_policies_settings(tmp_path: Path) -> None:
+    done = _sim(
+        "run", "--workload", "react", "--rate", "1", "--sessions", "2",
+        "--policies", "continuum,vtc", "--no-report", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    config = SweepResult.read(tmp_path / "results.json").config
+    assert config["policy_settings"] == {
+        "continuum": {"ttl_s": 2.0},
+        "vtc": {"w_prompt": 1.0, "w_output": 2.0},
+    }
+    assert config["profile"] == "h100-qwen3-coder-30b"

@@ -136,7 +136,9 @@ def run_sweep(
                 for result, policy in zip(point_runs, plan.policies, strict=True)
             ]
             results.extend(_summaries(point, alone, records))
-    return SweepResult(config={"plan": plan.describe(), "profile": profile.name}, runs=results)
+    settings = {name: make_policy(name).settings() for name in plan.policies}
+    config = {"plan": plan.describe(), "profile": profile.name, "policy_settings": settings}
+    return SweepResult(config=json.loads(json.dumps(config)), runs=results)
 
 
 def _later(executor: Executor | None, fn: Callable[..., _T], *args: Any) -> Callable[[], _T]:
