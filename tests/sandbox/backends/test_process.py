@@ -4,6 +4,7 @@ that must be contained, execution semantics, faults and the no-bubblewrap fallba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import os
@@ -19,6 +20,7 @@ from typing import Any
 import pydantic
 import pytest
 
+from agentmars.sandbox.backends import netns
 from agentmars.sandbox.backends.base import Job, OutputCallback, Slot
 from agentmars.sandbox.backends.process import SANDBOX_UID, ProcessBackend, sandbox_env
 from agentmars.sandbox.cgroups import CgroupManager
@@ -443,6 +445,153 @@ async def test_no_route_to_other_addresses(backend: ProcessBackend, workspace: P
     error, took = result.stdout.split()
     assert error == errno.errorcode[errno.ENETUNREACH]
     assert float(took) < 0.5
+
+
+needs_root_pool = pytest.mark.skipif(
+    os.geteuid() != 0, reason="only a root pool keeps a network namespace per slot"
+)
+
+
+def net_namespaces_held() -> list[str]:
+    """The network namespaces this process has descriptors of."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if (target := os.readlink(f"/proc/self/fd/{fd}")).startswith("net:"):
+                held.append(target)
+    return held
+
+
+def processes_in(namespaces: list[str]) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit() and os.readlink(f"/proc/{entry}/ns/net") in namespaces:
+                found.append(int(entry))
+    return found
+
+
+async def job_net_namespace(backend: ProcessBackend, workspace: Path, slot: Slot = SLOT) -> str:
+    """The network namespace a job in ``slot`` runs in (readable by the job's uid)."""
+    result = await run(backend, workspace, ["readlink", "/proc/self/ns/net"], slot=slot)
+    assert result.status == "ok", result
+    return result.stdout.strip()
+
+
+@needs_root_pool
+async def test_a_slots_jobs_share_one_network_namespace_of_its_own(
+    start_backend: StartBackend, workspace: Path
+) -> None:
+    slots = [Slot(0, (CORES[0],)), Slot(1, (CORES[-1],))]
+    backend, _ = await start_backend(slots)
+    seen = [await job_net_namespace(backend, workspace, s) for s in (slots[0], *slots)]
+    first, again, other = seen
+    assert first == again != other
+    assert os.readlink("/proc/self/ns/net") not in seen
+
+
+@needs_root_pool
+async def test_only_the_backend_holds_the_slots_network_namespaces(
+    start_backend: StartBackend, workspace: Path
+) -> None:
+    backend, _ = await start_backend([Slot(0, (CORES[0],)), Slot(1, (CORES[-1],))])
+    held = net_namespaces_held()
+    assert len(held) == 2
+    # No process lives in them between jobs (the ones that created them are gone).
+    assert processes_in(held) == [] and children_of_this_process() == []
+    await backend.close()
+    assert net_namespaces_held() == []
+
+
+@needs_root_pool
+async def test_without_namespaces_per_slot_each_job_gets_a_new_one(
+    start_backend: StartBackend,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    create = netns.create
+
+    def only_once(init: str) -> int:  # the second slot's fails
+        monkeypatch.setattr(netns, "create", refuse)
+        return create(init)
+
+    def refuse(init: str) -> int:
+        raise SandboxError("no namespace here")
+
+    monkeypatch.setattr(netns, "create", only_once)
+    backend, _ = await start_backend([SLOT, Slot(1, (CORES[0],))])
+    assert "no namespace here" in caplog.text
+    assert net_namespaces_held() == []  # the first slot's is closed too
+    seen = {await job_net_namespace(backend, workspace) for _ in range(2)}
+    assert len(seen) == 2 and os.readlink("/proc/self/ns/net") not in seen
+
+
+async def test_the_loopback_is_the_only_interface_and_a_job_cannot_change_it(
+    backend: ProcessBackend, workspace: Path
+) -> None:
+    code = """
+        import errno, fcntl, socket, struct
+        SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+        ifreq = struct.Struct("16sH22x")
+        print(socket.if_nameindex())
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        flags = ifreq.unpack(fcntl.ioctl(s, SIOCGIFFLAGS, ifreq.pack(b"lo", 0)))[1]
+        print("up" if flags & IFF_UP else "down")
+        for change in (flags & ~IFF_UP, flags | IFF_UP):
+            try:
+                fcntl.ioctl(s, SIOCSIFFLAGS, ifreq.pack(b"lo", change))
+                print("changed")
+            except OSError as e:
+                print(errno.errorcode[e.errno])
+    """
+    for _ in range(2):  # the next job of the slot finds it as it was
+        result = await run(backend, workspace, py(code))
+        assert result.stdout.split("\n") == ["[(1, 'lo')]", "up", "EPERM", "EPERM", ""], result
+
+
+async def test_a_job_leaves_nothing_in_its_slots_network_namespace(
+    backend: ProcessBackend, workspace: Path
+) -> None:
+    name = marker()
+    leave = f"""
+        import os, socket, time
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        unix = socket.socket(socket.AF_UNIX)
+        unix.bind("\\0{name}")  # abstract: a name in the network namespace
+        unix.listen()
+        # A connection its server closes first: TIME_WAIT, where the kernel keeps it.
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        client = socket.create_connection(server.getsockname())
+        server.accept()[0].close()
+        client.close()
+        print(listener.getsockname()[1], server.getsockname()[1], flush=True)
+        server.close()
+        if os.fork() == 0:
+            time.sleep(60)  # holds the listeners, until the job ends
+    """
+    left = await run(backend, workspace, py(leave))
+    assert left.status == "ok", left
+    listening, closed = left.stdout.split()
+    find = f"""
+        import errno, socket
+        print(sum(len(open(f"/proc/net/{{t}}").readlines()) - 1 for t in ("tcp", "tcp6")))
+        for family, address in ((socket.AF_INET, ("127.0.0.1", {listening})),
+                                (socket.AF_UNIX, "\\0{name}")):
+            try:
+                socket.socket(family).connect(address)
+                print("CONNECTED")
+            except OSError as e:
+                print(errno.errorcode[e.errno])
+        socket.socket().bind(("127.0.0.1", {closed}))  # no SO_REUSEADDR
+        print("bound")
+    """
+    found = await run(backend, workspace, py(find))
+    assert found.stdout.split() == ["0", "ECONNREFUSED", "ECONNREFUSED", "bound"], found
 
 
 @pytest.mark.slow

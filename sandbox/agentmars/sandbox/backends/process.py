@@ -1,20 +1,22 @@
-"""The ``process`` backend: each job runs under bubblewrap in fresh mount, pid, net,
-ipc, uts and cgroup namespaces (and a user namespace unless the pool runs as root),
-sees the host read-only except its own workspace, runs without capabilities and never
-as host root, and is pinned to its slot's cores and confined by the slot's cgroups
+"""The ``process`` backend: each job runs under bubblewrap in fresh mount, pid, ipc,
+uts and cgroup namespaces (and a user namespace unless the pool runs as root), in an
+empty network namespace (its slot's when the pool runs as root, else a fresh one), sees
+the host read-only except its own workspace, runs without capabilities and never as
+host root, and is pinned to its slot's cores and confined by the slot's cgroups
 (cpuset, memory, pids).
 
 A job's processes, none of them Python nor a shell: bubblewrap and the sandbox init
 (``sandbox_init.c``, a static C program built once per version of its source; see
-``sandbox_init.py``) in two roles.
+``sandbox_init.py``) in two roles (a third, ``netns``, runs only when the backend
+starts).
 
-- The init's host role, spawned by the backend, moves itself into the slot's cgroups,
-  pins itself to the slot's cores, sets its rlimits, then execs bubblewrap.
-  Everything the job starts inherits all three, so no process of the job ever runs
-  unconfined (and no ``preexec_fn`` runs in a forked copy of the threaded event loop).
-  If it cannot, it says why on the status pipe and exits having run nothing. It dies
-  with the backend (a parent-death signal), and exits at once if the backend is gone
-  already, so a job never starts unwatched.
+- The init's host role, spawned by the backend, moves itself into the slot's network
+  namespace (a root pool's) and cgroups, pins itself to the slot's cores, sets its
+  rlimits, then execs bubblewrap. Everything the job starts inherits all of that, so
+  no process of the job ever runs unconfined (and no ``preexec_fn`` runs in a forked
+  copy of the threaded event loop). If it cannot, it says why on the status pipe and
+  exits having run nothing. It dies with the backend (a parent-death signal), and
+  exits at once if the backend is gone already, so a job never starts unwatched.
 - bubblewrap sets up the sandbox and runs the init's pid 1 role (``--as-pid-1``:
   bubblewrap's own init can outlive bubblewrap, and is then left for the host's init
   to reap), from a descriptor the backend keeps open, so nothing is mounted for it.
@@ -46,6 +48,22 @@ When the pool runs as root, jobs run as host uid ``SANDBOX_UID``; a session's
 workspace is handed to that uid (recursively) before its first job, so files the pool
 adds later must be created as that uid to be writable by jobs.
 
+A root pool creates one network namespace per slot when it starts (``netns.py``) and
+its jobs join it, instead of each job creating one (and the kernel tearing it down, on
+the slot's CPUs): about 1 ms of a job's 8. It is what bubblewrap's ``--unshare-net``
+gave each job: a loopback, up, and no other interface. Sharing it between the jobs of
+a slot is safe: a slot runs one job at a time, and every process of a job is dead (or,
+killed, runs no more code) before the next starts: it died with the job's pid
+namespace, and the slot's cgroup is swept. So no socket outlives its job, abstract unix
+sockets (named per network namespace) included, and with TCP TIME_WAIT turned off
+there, no closed connection either. A job has no capability over the namespace (the
+host's user namespace owns it), so it cannot change it for the next. What does carry
+over are the kernel's counters (lo's packets, ``/proc/net/snmp``): how much loopback
+traffic earlier jobs of the slot made, not what. A job running in another slot at the
+same time is in another namespace and sees nothing of it. Without root, the pool
+could only join a namespace it made inside a user namespace of its own, which
+bubblewrap's would have to nest in: each job gets a new one from bubblewrap.
+
 Where something is unavailable (no bubblewrap, no user namespaces, cgroup controllers
 not writable) ``start()`` falls back to weaker means and returns a warning for each.
 The read-only paths are looked at once, when the backend starts.
@@ -69,7 +87,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from agentmars.sandbox.backends import sandbox_init
+from agentmars.sandbox.backends import netns, sandbox_init
 from agentmars.sandbox.backends.base import Job, OutputCallback, Slot, Stream
 from agentmars.sandbox.cgroups import CgroupManager, SlotCgroup
 from agentmars.sandbox.config import SandboxConfig
@@ -460,6 +478,9 @@ class ProcessBackend:
         self._running: set[asyncio.Future[None]] = set()
         self._idle_counters: dict[int, _Counters] = {}
         """Per slot, its counters when its last job ended and left no process behind."""
+        self._netns: dict[int, int] = {}
+        """Per slot, a descriptor of the network namespace its jobs join ("drop" only;
+        see ``netns``); without one, each job gets a new one from bubblewrap."""
 
     async def start(self, config: SandboxConfig, slots: list[Slot]) -> list[str]:
         self._readonly_resolved = [path.resolve() for path in config.readonly_paths]
@@ -470,7 +491,7 @@ class ProcessBackend:
         self._readonly_argv, self._mount_points = _readonly_mounts(config.readonly_paths)
         warnings = self._set_up_cgroups(config, slots)
         try:
-            warnings += await self._choose_isolation(slots[0])
+            warnings += await self._choose_isolation(slots)
         except BaseException:
             await self.close()
             raise
@@ -517,7 +538,7 @@ class ProcessBackend:
             )
         return warnings + manager.notes
 
-    async def _choose_isolation(self, probe_slot: Slot) -> list[str]:
+    async def _choose_isolation(self, slots: list[Slot]) -> list[str]:
         """The first isolation a probe job runs under: for a root pool, bubblewrap with
         the job dropped to SANDBOX_UID, else in a user namespace; for any other, a user
         namespace, else none (set-uid bubblewrap). No sandbox only without bubblewrap."""
@@ -535,11 +556,10 @@ class ProcessBackend:
         failures = []
         candidates: tuple[Isolation, ...] = ("drop", "userns") if root else ("userns", "no-userns")
         for isolation in candidates:
-            self._isolation = isolation
-            result = await self._probe(probe_slot)
-            if result.status == "ok":
+            failure = await self._try_isolation(isolation, slots)
+            if failure is None:
                 break
-            failures.append(f"{isolation}: {result.detail}; {result.stderr.strip()}")
+            failures.append(f"{isolation}: {failure}")
         else:
             raise SandboxError(f"bubblewrap ({self._bwrap}) cannot run a sandbox here: {failures}")
         return self._isolation_warnings(failures)
@@ -564,6 +584,35 @@ class ProcessBackend:
                 f"host uid {os.geteuid()} without capabilities; {nested}"
             ]
         return []
+
+    async def _try_isolation(self, isolation: Isolation, slots: list[Slot]) -> str | None:
+        """Set up ``isolation`` and run a probe job under it; why it failed, or None."""
+        self._isolation = isolation
+        if isolation == "drop":
+            await self._create_netns(slots)
+        result = await self._probe(slots[0])
+        if result.status == "ok":
+            return None
+        self._close_netns()
+        return f"{result.detail}; {result.stderr.strip()}"
+
+    async def _create_netns(self, slots: list[Slot]) -> None:
+        """A network namespace per slot (see ``netns``), or none, and a log line: each
+        job then gets a new one from bubblewrap, as isolated, only slower."""
+        # NOTE: "drop" only (see the module docstring): joining one takes CAP_SYS_ADMIN
+        # over the user namespace that owns it, which the host role has as root.
+        assert self._init is not None
+        try:
+            for slot in slots:
+                self._netns[slot.index] = await asyncio.to_thread(netns.create, self._init)
+        except SandboxError as exc:
+            self._close_netns()
+            log.warning("process sandbox: no network namespaces per slot (%s): one per job", exc)
+
+    def _close_netns(self) -> None:
+        for fd in self._netns.values():
+            os.close(fd)
+        self._netns.clear()
 
     async def _probe(self, slot: Slot) -> ExecResult:
         with tempfile.TemporaryDirectory(prefix="agentmars-probe-") as workspace:
@@ -668,16 +717,18 @@ class ProcessBackend:
         env = sandbox_env(workspace, job.spec.env)
         status_read, report = os.pipe()
         ours = [report]  # closed once the host role has them
+        shared_net = self._netns.get(slot.index)
         try:
-            argv = self._host_argv(slot, group, report)
+            argv = self._host_argv(slot, group, report, shared_net)
             if self._isolation == "none":
                 argv += job.spec.command
                 spawn_env, spawn_cwd, passed = env | {"PWD": str(cwd)}, str(cwd), [report]
             else:
                 ours.append(os.dup(report))  # bubblewrap's: the host role closes its own
-                argv += self._bwrap_argv(job, workspace, cwd, env, ours[-1])
+                argv += self._bwrap_argv(job, workspace, cwd, env, ours[-1], shared_net)
                 assert self._init_fd is not None
-                spawn_env, spawn_cwd, passed = {}, "/", [*ours, self._init_fd]
+                shared = [] if shared_net is None else [shared_net]
+                spawn_env, spawn_cwd, passed = {}, "/", [*ours, self._init_fd, *shared]
             process = _HostProcess.spawn(
                 argv,
                 output,
@@ -694,7 +745,9 @@ class ProcessBackend:
                 os.close(fd)
         return process, status_read
 
-    def _host_argv(self, slot: Slot, group: SlotCgroup | None, report: int) -> list[str]:
+    def _host_argv(
+        self, slot: Slot, group: SlotCgroup | None, report: int, shared_net: int | None
+    ) -> list[str]:
         """The sandbox init's host role, up to the program it execs (see its source)."""
         assert self._init is not None
         argv = [self._init, "host", "--parent", str(os.getpid()), "--report", str(report)]
@@ -703,18 +756,29 @@ class ProcessBackend:
             argv += ["--rlimit", f"{limit}={value}"]
         for path in group.join_files if group else ():
             argv += ["--join", str(path)]
+        if shared_net is not None:
+            argv += ["--netns", str(shared_net)]
         return [*argv, "--"]
 
     def _bwrap_argv(
-        self, job: Job, workspace: Path, cwd: Path, env: dict[str, str], status_fd: int
+        self,
+        job: Job,
+        workspace: Path,
+        cwd: Path,
+        env: dict[str, str],
+        status_fd: int,
+        shared_net: int | None,
     ) -> list[str]:
         """The bubblewrap command line: an empty root with the read-only paths, private
-        /tmp, /dev and /proc, and the workspace as the only writable host path."""
+        /tmp, /dev and /proc, and the workspace as the only writable host path; a new
+        network namespace unless the host role joined the slot's."""
         assert self._bwrap is not None and self._config is not None
         size = str(self._config.memory_limit_mb * 1024 * 1024)
         argv = [self._bwrap, *self._identity_argv()]
+        if shared_net is None:
+            argv.append("--unshare-net")
         argv += [
-            "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "sandbox",
             "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv",
             "--json-status-fd", str(status_fd),
@@ -888,6 +952,7 @@ class ProcessBackend:
             await asyncio.to_thread(self._cgroups.close)
             self._cgroups = None
         self._groups.clear()
+        self._close_netns()
         if self._init_fd is not None:
             os.close(self._init_fd)
             self._init_fd = None

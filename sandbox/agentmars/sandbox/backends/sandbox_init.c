@@ -3,14 +3,15 @@
  * chain) builds it statically linked, so it needs no loader and reads no environment.
  *
  * sandbox-init host --parent PID --report FD --cpus LIST [--rlimit RESOURCE=VALUE]...
- *                   [--join FILE]... -- PROGRAM ARG...
+ *                   [--join FILE]... [--netns NSFD] -- PROGRAM ARG...
  *   The process the backend spawns. It dies with the backend (PID; if that is gone
- *   already, it exits), joins the slot's cgroups (writes 0 to each FILE), pins itself
- *   to the cores in LIST (comma-separated), sets each rlimit (soft = hard = VALUE),
- *   then execs PROGRAM (bubblewrap, or the command itself without it), looked up on
- *   PATH. Everything PROGRAM starts inherits all of that. If it cannot confine itself
- *   it writes one JSON line {"unconfined": "why"} on FD and exits with UNCONFINED,
- *   having run nothing. FD is closed on exec.
+ *   already, it exits), joins the slot's network namespace (open on NSFD, which it
+ *   closes) and cgroups (writes 0 to each FILE), pins itself to the cores in LIST
+ *   (comma-separated), sets each rlimit (soft = hard = VALUE), then execs PROGRAM
+ *   (bubblewrap, or the command itself without it), looked up on PATH. Everything
+ *   PROGRAM starts inherits all of that. If it cannot confine itself it writes one
+ *   JSON line {"unconfined": "why"} on FD and exits with UNCONFINED, having run
+ *   nothing. FD is closed on exec.
  *
  * sandbox-init pid1 [--drop ID] --cwd DIR [--env NAME=VALUE]... -- COMMAND ARG...
  *   The sandbox's pid 1 (bubblewrap --as-pid-1; the backend runs it from a descriptor,
@@ -20,20 +21,28 @@
  *   The child drops to uid and gid ID with no groups and no capabilities at all (an
  *   empty bounding set) when --drop is given, then takes exactly the given environment
  *   (plus PWD), enters DIR and execs COMMAND, looked up on that environment's PATH.
+ *
+ * sandbox-init netns --send SOCKET
+ *   Creates a network namespace for a slot's jobs to join (see netns.py): its loopback
+ *   up, as bubblewrap's --unshare-net leaves it, and TCP TIME_WAIT off; sends a
+ *   descriptor of it on the unix socket SOCKET (SCM_RIGHTS), and exits.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <net/if.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,10 +50,12 @@
 #define UNCONFINED 125 /* host: the job could not be confined, nothing ran */
 #define CANNOT_RUN 126 /* pid1: the command could not be started */
 #define NOT_FOUND 127  /* pid1 or host: no such command (as shells report it) */
+#define NO_NAMESPACE 1 /* netns: no namespace was sent */
 #define USAGE 2
 #define MAX_CPUS 8192 /* Linux's largest NR_CPUS */
 
-static const char *const host_options[] = {"--parent", "--report", "--cpus", "--rlimit", "--join", NULL};
+static const char *const host_options[] = {"--parent", "--report", "--cpus", "--rlimit", "--join",
+                                           "--netns", NULL};
 static const char *const pid1_options[] = {"--drop", "--cwd", "--env", NULL};
 
 static _Noreturn void fail(int status, const char *format, ...) {
@@ -124,6 +135,14 @@ static void die_with_backend(pid_t backend, int report) {
         _exit(UNCONFINED);
 }
 
+/* The namespace stays the backend's: ours is closed, so PROGRAM does not hold it. */
+static void join_netns(const char *fd_text, int report) {
+    int fd = (int)number(fd_text, "--netns");
+    if (setns(fd, CLONE_NEWNET) != 0)
+        unconfined(report, "cannot join the slot's network namespace", fd_text);
+    close(fd);
+}
+
 static void join_cgroup(const char *file, int report) {
     /* "0" is the writer itself; a v1 "tasks" file moves only the writing thread (the
      * only one here), without the lock that moving another process takes. */
@@ -173,6 +192,9 @@ static int host(int argc, char **argv) {
     if (cores == NULL)
         fail(USAGE, "no --cpus");
     die_with_backend((pid_t)number(option(argv, end, "--parent"), "--parent"), report);
+    const char *netns = option(argv, end, "--netns");
+    if (netns != NULL)
+        join_netns(netns, report);
     /* Joining a cpuset also sets the affinity to its cores: pin after it. */
     for (int i = 2; i < end; i += 2)
         if (strcmp(argv[i], "--join") == 0)
@@ -275,10 +297,71 @@ static int pid1(int argc, char **argv) {
     }
 }
 
+/* --- netns ----------------------------------------------------------------------- */
+
+/* The kernel gives it 127.0.0.1 and ::1 as it comes up. */
+static void bring_up_loopback(void) {
+    struct ifreq request = {.ifr_name = "lo"};
+    int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (sock < 0 || ioctl(sock, SIOCGIFFLAGS, &request) != 0)
+        fail(NO_NAMESPACE, "cannot read the loopback's flags: %s", strerror(errno));
+    request.ifr_flags |= IFF_UP;
+    if (ioctl(sock, SIOCSIFFLAGS, &request) != 0)
+        fail(NO_NAMESPACE, "cannot bring the loopback up: %s", strerror(errno));
+    close(sock);
+}
+
+/* Closed TCP connections go at once, instead of lingering for a minute, where the
+ * slot's next job would see them (and could not bind their ports). */
+static void turn_time_wait_off(void) {
+    int fd = open("/proc/sys/net/ipv4/tcp_max_tw_buckets", O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, "0", 1) != 1)
+        fail(NO_NAMESPACE, "cannot turn TCP TIME_WAIT off: %s", strerror(errno));
+    close(fd);
+}
+
+static void send_descriptor(int sock, int fd) {
+    char byte = 0;
+    struct iovec data = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buffer[CMSG_SPACE(sizeof fd)];
+        struct cmsghdr align;
+    } control;
+    struct msghdr message = {
+        .msg_iov = &data, .msg_iovlen = 1, .msg_control = control.buffer,
+        .msg_controllen = sizeof control.buffer,
+    };
+    struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof fd);
+    memcpy(CMSG_DATA(header), &fd, sizeof fd);
+    if (sendmsg(sock, &message, 0) != 1)
+        fail(NO_NAMESPACE, "cannot send the namespace: %s", strerror(errno));
+}
+
+static int netns(int argc, char **argv) {
+    if (argc != 4 || strcmp(argv[2], "--send") != 0)
+        fail(USAGE, "usage: sandbox-init netns --send SOCKET");
+    int sock = (int)number(argv[3], "--send");
+    if (unshare(CLONE_NEWNET) != 0)
+        fail(NO_NAMESPACE, "cannot create a network namespace: %s", strerror(errno));
+    bring_up_loopback();
+    turn_time_wait_off();
+    int namespace = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (namespace < 0)
+        fail(NO_NAMESPACE, "cannot open the network namespace: %s", strerror(errno));
+    send_descriptor(sock, namespace);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "host") == 0)
         return host(argc, argv);
     if (argc > 1 && strcmp(argv[1], "pid1") == 0)
         return pid1(argc, argv);
-    fail(USAGE, "usage: sandbox-init host|pid1 OPTION VALUE... -- COMMAND ARG...");
+    if (argc > 1 && strcmp(argv[1], "netns") == 0)
+        return netns(argc, argv);
+    fail(USAGE, "usage: sandbox-init host|pid1 OPTION VALUE... -- COMMAND ARG...\n"
+                "       sandbox-init netns --send SOCKET");
 }

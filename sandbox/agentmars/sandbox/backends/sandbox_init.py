@@ -1,5 +1,6 @@
-"""The sandbox init (``sandbox_init.c``): the process backend's host shim and the
-sandbox's pid 1, one small static C program (see the process backend's docstring).
+"""The sandbox init (``sandbox_init.c``): the process backend's host shim, the
+sandbox's pid 1 and the maker of the slots' network namespaces, one small static C
+program (see the process backend's docstring).
 
 It is built on first use with the system C compiler into
 ``~/.cache/agentmars/sandbox-init/<key>/sandbox-init``, the key being the SHA-256 of
