@@ -97,6 +97,7 @@ def test_nnls_clamps_what_least_squares_would_make_negative() -> None:
 
 def test_nnls_agrees_with_scipy() -> None:
     from scipy import optimize  # a dev dependency, there only as this reference
+
     generator = np.random.default_rng(7)
     for _ in range(20):
         a = generator.normal(size=(30, 6))

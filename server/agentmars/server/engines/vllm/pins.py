@@ -1,0 +1,128 @@
+"""KV blocks held for sessions between their calls, inside vLLM's block pool: the touch
+pattern of notes/vllm-plugin.md "KV cache internals".
+
+A pin takes one extra reference on a finished call's full hashed blocks
+(``BlockPool.touch``) before vLLM frees the call's own references, so the blocks stay
+off the free queue and keep their hashes; the session's next call finds them as a
+prefix-cache hit. Releasing a pin gives the reference back (``BlockPool.free_blocks``):
+the blocks return to the LRU tail as ordinary cached blocks. When to pin and which pin
+to drop are the policy's; this module only does it. It imports no vLLM: the blocks
+are vLLM's ``KVCacheBlock`` objects, handled through the pool they came from.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, get_args
+
+ReleaseReason = Literal[
+    "next_call", "replaced", "expired", "pressure", "ended", "reset", "shutdown"
+]
+"""Why a pin went: its session's next call got its blocks, a newer pin of the session
+replaced it, its TTL was up, an allocation needed the blocks, its session's call ended
+badly (aborted or failed), the prefix cache was reset, the engine shut down."""
+
+
+class BlockPoolLike(Protocol):
+    """The two ``vllm.v1.core.block_pool.BlockPool`` methods the pins use."""
+
+    def touch(self, blocks: Sequence[Any]) -> None: ...
+    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
+
+
+@dataclass(eq=False, slots=True)
+class Pin:
+    """Blocks held for one session (``policies.interface.PinView``)."""
+
+    session_id: str
+    held: list[Any]
+    """vLLM ``KVCacheBlock`` objects, in the order of the context."""
+    block_size: int
+    pinned_s: float
+    expires_s: float | None
+    session_arrival_s: float
+
+    @property
+    def blocks(self) -> int:
+        return len(self.held)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.held) * self.block_size
+
+
+class PinTable:
+    """The pins of one scheduler, at most one per session."""
+
+    def __init__(self, block_pool: BlockPoolLike, block_size: int) -> None:
+        self._pool = block_pool
+        self._block_size = block_size
+        self.pins: dict[str, Pin] = {}
+        self.pinned_blocks = 0
+        """Blocks the pins hold (a block shared by a running call counts here too)."""
+        # Every reason from the start: the status thread copies this while the
+        # scheduler counts, and a dict that gains no keys can be copied meanwhile.
+        self.released: Counter[ReleaseReason] = Counter(dict.fromkeys(get_args(ReleaseReason), 0))
+        """Pins released so far, by reason."""
+
+    def pin(
+        self,
+        session_id: str,
+        blocks: Sequence[Any],
+        *,
+        now: float,
+        ttl_s: float | None,
+        session_arrival_s: float,
+    ) -> Pin:
+        """Hold ``blocks`` for the session, replacing its previous pin."""
+        held = list(blocks)
+        # Touch before releasing the old pin: blocks the two share never reach the free
+        # queue in between, where an allocation could take them.
+        self._pool.touch(held)
+        self.release(session_id, "replaced")
+        pin = Pin(
+            session_id=session_id,
+            held=held,
+            block_size=self._block_size,
+            pinned_s=now,
+            expires_s=None if ttl_s is None else now + ttl_s,
+            session_arrival_s=session_arrival_s,
+        )
+        self.pins[session_id] = pin
+        self.pinned_blocks += pin.blocks
+        return pin
+
+    def release(self, session_id: str, reason: ReleaseReason) -> Pin | None:
+        """Give the session's blocks back to the prefix cache (None: it had no pin)."""
+        pin = self.pins.pop(session_id, None)
+        if pin is not None:
+            self.released[reason] += 1
+            # Last block first, as vLLM frees a request's blocks: the tail of a context
+            # is evicted before its head, so a later call still hits the longest prefix.
+            self._pool.free_blocks(reversed(pin.held))
+            self.pinned_blocks -= pin.blocks
+        return pin
+
+    def release_expired(self, now: float) -> list[Pin]:
+        """Release the pins whose time is up."""
+        due = [
+            pin for pin in self.pins.values() if pin.expires_s is not None and pin.expires_s <= now
+        ]
+        for pin in due:
+            self.release(pin.session_id, "expired")
+        return due
+
+    def release_all(self, reason: ReleaseReason) -> int:
+        """Release every pin; returns how many there were."""
+        count = len(self.pins)
+        for session_id in list(self.pins):
+            self.release(session_id, reason)
+        return count
+
+    def get(self, session_id: str) -> Pin | None:
+        return self.pins.get(session_id)
+
+    def __len__(self) -> int:
+        return len(self.pins)

@@ -1,0 +1,278 @@
+"""The agentmars scheduler plugin for vLLM 0.32: the policy interface's decisions made
+inside vLLM's V1 scheduler (DESIGN.md "One policy, two engines";
+notes/vllm-plugin.md). Load it with::
+
+    --scheduler-cls agentmars.server.engines.vllm.plugin.AgentmarsScheduler       # CPU
+    --scheduler-cls agentmars.server.engines.vllm.plugin.AgentmarsAsyncScheduler  # GPU
+
+and choose the policy with ``AGENTMARS_POLICY`` (``plugin_config``). What it changes:
+
+- Waiting order: at the top of every ``schedule()`` the FCFS waiting queue is sorted by
+  the policy's ``priority()`` (ties: arrival, then request id), so vLLM's own pass over
+  it takes calls in the policy's order. vLLM's ``--scheduling-policy`` must stay
+  ``fcfs``: the plugin is the one that orders.
+- KV retention (the touch pattern): when a call finishes normally, the policy's
+  ``on_call_finished`` may ``Pin`` its hashed blocks for its session; the pin goes when
+  the session's next call gets its blocks, when its TTL is up (checked at the top of
+  ``schedule()``), under allocation pressure before any preemption (the policy's
+  ``reclaim`` order), on ``reset_prefix_cache()`` and on ``shutdown()``. An aborted or
+  failed call drops its session's pin.
+- Chunk size: ``_reserve_prefill_lookahead`` caps a prompt's chunk by the policy's
+  ``chunk``.
+- Preemption victim: the policy's ``victim`` is put where vLLM's FCFS preemption takes
+  it (``preemption``).
+- KV figures (free, pinned, used, total blocks, pins, releases, steps) published at
+  10 Hz (``kv_status``).
+
+docs/vllm-plugin.md says what each decision point sees and where it differs from the
+simulated engine.
+
+Importing this module imports vLLM's scheduler and nothing heavier; it refuses a vLLM
+outside the supported series before touching any of vLLM's internals.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import vllm  # type: ignore[import-not-found]
+
+from agentmars.server.engines.vllm.plugin_config import (
+    PluginConfig,
+    PluginConfigError,
+    check_vllm_version,
+)
+
+check_vllm_version(vllm.__version__)
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # type: ignore[import-not-found]  # noqa: E402
+from vllm.v1.core.sched.request_queue import SchedulingPolicy  # type: ignore[import-not-found]  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # type: ignore[import-not-found]  # noqa: E402
+from vllm.v1.request import RequestStatus  # type: ignore[import-not-found]  # noqa: E402
+
+from agentmars.server.engines.vllm.kv_status import KVStatusPublisher  # noqa: E402
+from agentmars.server.engines.vllm.pins import PinTable  # noqa: E402
+from agentmars.server.engines.vllm.preemption import steer_victim  # noqa: E402
+from agentmars.server.engines.vllm.views import SchedulerView, SessionBook, session_of  # noqa: E402
+from agentmars.server.policies.interface import CallView, Pin  # noqa: E402
+
+# A child of vLLM's logger, so the plugin's lines go where vLLM's go.
+logger = logging.getLogger("vllm.agentmars.plugin")
+
+NORMAL_ENDS = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
+"""Finished calls whose session goes on (aborted, ignored or failed calls do not pin)."""
+
+MAX_STEPS_IN_FLIGHT = 8
+"""Steps scheduled and not yet answered, at most (1 synchronous, 2 asynchronous, more
+with pipeline parallelism): a bound on the plugin's record of them."""
+
+# The mixin goes before vLLM's scheduler class in the bases; mypy sees vLLM as Any.
+_MixinBase: Any = object
+
+
+class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
+    """The plugin's behaviour over any V1 ``Scheduler`` (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.policy != SchedulingPolicy.FCFS:
+            raise PluginConfigError(
+                "the agentmars plugin orders the waiting queue itself: start vLLM with "
+                f"--scheduling-policy fcfs (the default), not {self.policy.value}"
+            )
+        config = PluginConfig.from_env(os.environ)
+        self.agentmars_policy = config.make_policy()
+        self.pin_table = PinTable(self.kv_cache_manager.block_pool, self.block_size)
+        self.session_book = SessionBook()
+        self.engine_view = SchedulerView(self, self.pin_table, self.session_book)
+        self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
+        # allocate_slots is where both of schedule()'s loops learn that KV is short, right
+        # before they preempt: wrapping it lets pins go first.
+        self.kv_cache_manager.allocate_slots = self._allocate_slots
+        self._step_started: dict[int, float] = {}
+        self.steps = 0
+        """Steps that scheduled any token."""
+        self._status = self._start_status(config)
+        logger.info(
+            "agentmars policy %s %s", self.agentmars_policy.name, self.agentmars_policy.settings()
+        )
+
+    def _start_status(self, config: PluginConfig) -> KVStatusPublisher | None:
+        if config.status_file is None and config.status_address is None:
+            return None
+        return KVStatusPublisher(
+            self.kv_figures,
+            path=config.status_file,
+            address=config.status_address,
+            hz=config.status_hz,
+        )
+
+    def kv_figures(self) -> dict[str, Any]:
+        """Free, pinned and used blocks, the total, the number of pins, the pins
+        released so far by reason (``pins.ReleaseReason``), and the steps so far."""
+        total = self.engine_view.total_blocks
+        free = self.engine_view.free_blocks
+        pins = self.pin_table
+        return {
+            "free": free,
+            "pinned": pins.pinned_blocks,
+            "used": total - free,
+            "total": total,
+            "pins": len(pins),
+            "released": dict(pins.released),
+            "steps": self.steps,
+        }
+
+    # --- scheduling --------------------------------------------------------------------
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self.pin_table.release_expired(self.engine_view.now)
+        self._order_waiting()
+        output = super().schedule(*args, **kwargs)
+        self.steps += output.total_num_scheduled_tokens > 0
+        self._step_started[id(output)] = time.monotonic()
+        if len(self._step_started) > MAX_STEPS_IN_FLIGHT:
+            # A step whose output never came back (the engine dropped it) is forgotten.
+            del self._step_started[next(iter(self._step_started))]
+        return output
+
+    def _order_waiting(self) -> None:
+        if len(self.waiting) < 2:
+            return
+        view, policy = self.engine_view, self.agentmars_policy
+        ordered = sorted(
+            self.waiting,
+            key=lambda request: (
+                policy.priority(view.call(request), view),
+                request.arrival_time,
+                request.request_id,
+            ),
+        )
+        self.waiting.clear()
+        self.waiting.extend(ordered)
+
+    def _reserve_prefill_lookahead(
+        self, request: Any, num_computed_tokens: int, num_new_tokens: int
+    ) -> int:
+        """vLLM's last word on a chunk's size before it allocates, in both of
+        ``schedule()``'s loops: the policy's ``chunk`` caps a prompt's chunk here."""
+        tokens = int(
+            super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+        )
+        if tokens == 0 or num_computed_tokens >= request.num_prompt_tokens:
+            return tokens
+        view = self.engine_view
+        held = len(self.kv_cache_manager.get_blocks(request.request_id).blocks[0])
+        # A running call still has room in its last block; a waiting call holds no
+        # blocks yet (its prefix hit is cached blocks, which need no free ones).
+        room = held * self.block_size - num_computed_tokens if held else 0
+        fit = max(room + view.free_blocks * self.block_size, 0)
+        chunk = self.agentmars_policy.chunk(view.call(request), tokens, fit, view)
+        return max(0, min(tokens, chunk))
+
+    def update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        started = self._step_started.pop(id(scheduler_output), None)
+        if started is not None:
+            # NOTE: a call's service time is the wall time of the steps it was part of
+            # (schedule to output), as the simulator counts it.
+            elapsed = time.monotonic() - started
+            service = self.session_book.service_s
+            for request_id in scheduler_output.num_scheduled_tokens:
+                service[request_id] = service.get(request_id, 0.0) + elapsed
+        return super().update_from_output(scheduler_output, *args, **kwargs)
+
+    # --- KV retention -------------------------------------------------------------------
+
+    def _allocate_slots(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        blocks = self._stock_allocate_slots(request, *args, **kwargs)
+        if blocks is None:
+            blocks = self._reclaim_and_retry(request, *args, **kwargs)
+        if blocks is None:
+            # vLLM preempts the last running call next: make it the policy's victim.
+            steer_victim(self.running, request, self._choose_victim)
+        session_id = session_of(request)
+        if blocks is not None and session_id is not None:
+            # The call holds its own references to the shared blocks now.
+            self.pin_table.release(session_id, "next_call")
+        return blocks
+
+    def _reclaim_and_retry(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        """Drop other sessions' pins in the policy's order until the allocation fits."""
+        own = session_of(request)
+        pins = [pin for pin in self.pin_table.pins.values() if pin.session_id != own]
+        if not pins:
+            return None
+        needed = self.engine_view.blocks_for(request.num_tokens) - self.engine_view.free_blocks
+        for pin in self.agentmars_policy.reclaim(pins, max(needed, 1), self.engine_view):
+            self.pin_table.release(pin.session_id, "pressure")
+            blocks = self._stock_allocate_slots(request, *args, **kwargs)
+            if blocks is not None:
+                return blocks
+        return None
+
+    def _choose_victim(self, candidates: Sequence[Any]) -> Any:
+        view = self.engine_view
+        calls: list[CallView] = [view.call(request) for request in candidates]
+        chosen = self.agentmars_policy.victim(calls, view)
+        return candidates[calls.index(chosen)]
+
+    def _free_blocks(self, request: Any) -> None:
+        self._settle_finished(request)
+        super()._free_blocks(request)
+
+    def _settle_finished(self, request: Any) -> None:
+        """Pin the finished call's hashed blocks if the policy says so; this runs before
+        vLLM drops the call's own references, so the blocks never reach the free queue."""
+        self.session_book.forget_request(request.request_id)
+        session_id = session_of(request)
+        if session_id is None:
+            return
+        if request.status not in NORMAL_ENDS:
+            self.pin_table.release(session_id, "ended")
+            return
+        call = self.engine_view.call(request)
+        decision = self.agentmars_policy.on_call_finished(call, self.engine_view)
+        if not isinstance(decision, Pin):
+            return
+        blocks = self._hashed_blocks(request)
+        if blocks:
+            self.pin_table.pin(
+                session_id,
+                blocks,
+                now=self.engine_view.now,
+                ttl_s=decision.ttl_s,
+                session_arrival_s=call.session_arrival_s,
+            )
+
+    def _hashed_blocks(self, request: Any) -> list[Any]:
+        groups = self.kv_cache_manager.get_blocks(request.request_id).blocks
+        return [
+            block
+            for group in groups
+            for block in group
+            if block.block_hash is not None and not block.is_null
+        ]
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        released = self.pin_table.release_all("reset")
+        logger.info("agentmars: released %d pins for a prefix-cache reset", released)
+        return bool(super().reset_prefix_cache(*args, **kwargs))
+
+    def shutdown(self) -> None:
+        released = self.pin_table.release_all("shutdown")
+        logger.info("agentmars: released %d pins at shutdown", released)
+        if self._status is not None:
+            self._status.stop()
+        super().shutdown()
+
+
+class AgentmarsScheduler(AgentmarsSchedulerMixin, Scheduler):  # type: ignore[misc]
+    """vLLM's synchronous scheduler with the agentmars policy (the CPU backend's)."""
+
+
+class AgentmarsAsyncScheduler(AgentmarsSchedulerMixin, AsyncScheduler):  # type: ignore[misc]
+    """vLLM's asynchronous scheduler with the agentmars policy (the GPU default)."""

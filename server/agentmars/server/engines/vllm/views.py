@@ -1,0 +1,240 @@
+"""vLLM's requests and scheduler state as the policy interface's views
+(``policies.interface.CallView`` and ``EngineView``).
+
+A request's session metadata comes from its ``vllm_xargs`` (``sampling_params.
+extra_args``: ``session_id``, ``turn``, ``follows_tool``, ``expects_tool``,
+``next_tool``, ``expected_tool_s``, as the SDK and the gateway send them) and from
+vLLM's own ``request.session_id`` (body ``session_id`` or header ``X-Session-ID``).
+A request that names no session is a session of its own. This module imports no vLLM:
+requests and the scheduler are read by attribute (notes/vllm-plugin.md "Request
+metadata").
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agentmars.server.engines.vllm.pins import Pin, PinTable
+
+if TYPE_CHECKING:
+    from agentmars.server.policies.interface import CallView, CostEstimator
+
+SESSION_MEMORY = 65_536
+"""Sessions whose first arrival is remembered (ours: the plugin never hears a session
+end, so the oldest are forgotten past this many; a forgotten session that comes back
+counts as new)."""
+
+
+def _xargs(request: Any) -> Mapping[str, Any]:
+    params = request.sampling_params
+    extra = getattr(params, "extra_args", None) if params is not None else None
+    return extra if isinstance(extra, Mapping) else {}
+
+
+def session_of(request: Any) -> str | None:
+    """The session a request belongs to, if it names one."""
+    named = _xargs(request).get("session_id") or request.session_id
+    return str(named) if named else None
+
+
+class SessionBook:
+    """What the plugin remembers across a session's calls: its first arrival, and the
+    engine time each live request has been scheduled for."""
+
+    def __init__(self) -> None:
+        self._arrivals: OrderedDict[str, float] = OrderedDict()
+        self.service_s: dict[str, float] = {}
+
+    def session_arrival(self, session_id: str, arrival_s: float) -> float:
+        """The session's first arrival (``arrival_s`` if it is new)."""
+        first = self._arrivals.get(session_id)
+        if first is None:
+            self._arrivals[session_id] = first = arrival_s
+            if len(self._arrivals) > SESSION_MEMORY:
+                self._arrivals.popitem(last=False)
+        return first
+
+    def forget_request(self, request_id: str) -> None:
+        self.service_s.pop(request_id, None)
+
+
+class RequestCall:
+    """One vLLM ``Request`` as a ``CallView``."""
+
+    __slots__ = ("_book", "_xargs", "request")
+
+    def __init__(self, request: Any, book: SessionBook) -> None:
+        self.request = request
+        self._book = book
+        self._xargs = _xargs(request)
+
+    @property
+    def call_id(self) -> str:
+        return str(self.request.request_id)
+
+    @property
+    def session_id(self) -> str:
+        return session_of(self.request) or self.call_id
+
+    @property
+    def turn(self) -> int:
+        return int(self._xargs.get("turn", 0))
+
+    @property
+    def arrival_s(self) -> float:
+        return float(self.request.arrival_time)
+
+    @property
+    def session_arrival_s(self) -> float:
+        return self._book.session_arrival(self.session_id, self.arrival_s)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.request.num_prompt_tokens)
+
+    @property
+    def output_tokens(self) -> int:
+        return int(self.request.num_output_tokens)
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.request.max_tokens)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return int(self.request.num_computed_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.request.num_tokens)
+
+    @property
+    def num_preemptions(self) -> int:
+        return int(self.request.num_preemptions)
+
+    @property
+    def service_s(self) -> float:
+        return self._book.service_s.get(self.call_id, 0.0)
+
+    @property
+    def follows_tool(self) -> bool:
+        return bool(self._xargs.get("follows_tool", False))
+
+    @property
+    def expects_tool(self) -> bool:
+        return bool(self._xargs.get("expects_tool", False))
+
+    @property
+    def next_tool(self) -> str | None:
+        tool = self._xargs.get("next_tool")
+        return str(tool) if tool else None
+
+    @property
+    def expected_tool_s(self) -> float | None:
+        seconds = self._xargs.get("expected_tool_s")
+        return float(seconds) if isinstance(seconds, int | float) else None
+
+    @property
+    def agent(self) -> str:
+        return str(self._xargs.get("agent", ""))
+
+
+class SchedulerView:
+    """A vLLM scheduler's state as an ``EngineView``, read when a policy asks.
+
+    The plugin sees only the engine: the tool-side figures (active and queued tools,
+    tool cores, tool durations) are zero until the gateway's side channel feeds them
+    in, ``active_sessions`` counts the sessions with a call in the engine or a pin, and
+    there is no CPU KV tier and no cost model."""
+
+    def __init__(self, scheduler: Any, pins: PinTable, book: SessionBook) -> None:
+        self._scheduler = scheduler
+        self._pins = pins
+        self._book = book
+
+    def call(self, request: Any) -> RequestCall:
+        return RequestCall(request, self._book)
+
+    @property
+    def now(self) -> float:
+        # vLLM stamps arrival_time with the wall clock (time.time()).
+        return time.time()
+
+    @property
+    def block_size(self) -> int:
+        return int(self._scheduler.block_size)
+
+    @property
+    def total_blocks(self) -> int:
+        # Block 0 is vLLM's null block, never allocated.
+        return int(self._scheduler.kv_cache_manager.block_pool.num_gpu_blocks) - 1
+
+    @property
+    def free_blocks(self) -> int:
+        return int(self._scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
+
+    @property
+    def pinned_blocks(self) -> int:
+        return self._pins.pinned_blocks
+
+    @property
+    def cpu_total_blocks(self) -> int:
+        return 0
+
+    @property
+    def cpu_free_blocks(self) -> int:
+        return 0
+
+    @property
+    def max_num_seqs(self) -> int:
+        return int(self._scheduler.max_num_running_reqs)
+
+    @property
+    def running(self) -> Sequence[CallView]:
+        return [self.call(request) for request in self._scheduler.running]
+
+    @property
+    def waiting(self) -> Sequence[CallView]:
+        return [self.call(request) for request in self._scheduler.waiting]
+
+    @property
+    def pins(self) -> Sequence[Pin]:
+        return list(self._pins.pins.values())
+
+    def pin_of(self, session_id: str) -> Pin | None:
+        return self._pins.get(session_id)
+
+    @property
+    def active_sessions(self) -> int:
+        requests = [*self._scheduler.running, *self._scheduler.waiting]
+        sessions = {self.call(request).session_id for request in requests}
+        return len(sessions | set(self._pins.pins))
+
+    @property
+    def active_tools(self) -> int:
+        return 0
+
+    @property
+    def queued_tools(self) -> int:
+        return 0
+
+    @property
+    def tool_cores(self) -> int:
+        return 0
+
+    @property
+    def tool_ema_s(self) -> Mapping[str, float]:
+        return {}
+
+    @property
+    def costs(self) -> CostEstimator:
+        raise RuntimeError(
+            "the vLLM plugin has no cost model: policies that ask for time estimates "
+            "(continuum-dy, infercept) do not run on vLLM yet"
+        )
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)

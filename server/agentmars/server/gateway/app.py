@@ -1,0 +1,363 @@
+"""The gateway's FastAPI app: OpenAI-compatible pass-through with the policy's
+admission in front, the event hub, the SSE stream and ``/metrics``.
+
+``create_gateway_app(GatewayConfig(...))`` builds it; the lifespan opens the httpx
+client to the engine, subscribes the admission to the hub and runs a periodic
+admission pass (idle expiry, policies that open their window on their own clock),
+and closes it all at shutdown. Bind it to 127.0.0.1 (the default of ``main``):
+completions are not token-protected, event ingest and the event stream are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from agentmars.sdk.events import AnyEvent
+from agentmars.server.gateway.events import CallRecorder, CallStatus, stream_router
+from agentmars.server.gateway.metrics import GatewayMetrics
+from agentmars.server.gateway.proxy import (
+    ClientGone,
+    ClosingStreamingResponse,
+    GatewayError,
+    Upstream,
+    forwarded_body,
+    forwarded_headers,
+    relay,
+    unless_disconnected,
+    upstream_error,
+)
+from agentmars.server.gateway.sessions import Admission, BadRequest, CallMeta, call_metadata
+from agentmars.server.gateway.telemetry import GatewayView, KVSource
+from agentmars.server.ingest import EventHub, ingest_router, install_error_handlers
+from agentmars.server.policies.interface import Policy
+from agentmars.server.policies.registry import make_policy
+
+log = logging.getLogger("agentmars.server")
+ADMISSION_PASS_S = 0.1
+"""How often admission runs without an event (idle expiry, time-driven windows)."""
+MAX_BODY_BYTES = 32 * 1024 * 1024
+Done = Callable[[CallStatus, str | None], None]
+
+
+@dataclass
+class GatewayConfig:
+    """How to run a gateway."""
+
+    upstream_url: str
+    """The engine's base URL (``http://127.0.0.1:8000``), without ``/v1``."""
+    token: str
+    """Bearer token for ``POST /v1/events`` and ``GET /v1/events/stream``."""
+    policy: str = "fcfs"
+    """Registry name of the policy (``policies/registry.py``)."""
+    policy_settings: dict[str, Any] = field(default_factory=dict)
+    connect_timeout_s: float = 0.5
+    """Short, so an engine that is down gives a 503 within a second."""
+    read_timeout_s: float = 600.0
+    models_ttl_s: float = 5.0
+    idle_timeout_s: float = 300.0
+    """An admitted session with no LLM call in flight and no tool queued or running
+    for this long is let go (docs/gateway.md "Admission")."""
+    block_size: int = 16
+    max_num_seqs: int = 256
+    tool_cores: int | None = None
+    """Cores for tools (None: all of this host's)."""
+    kv_source: KVSource | None = None
+    """KV statistics (None: the newest ``kv_stats`` event of the stream)."""
+
+
+@dataclass
+class Gateway:
+    """The services behind the routes (``app.state.gateway``)."""
+
+    config: GatewayConfig
+    hub: EventHub
+    admission: Admission
+    metrics: GatewayMetrics
+    upstream: Upstream | None = None
+    stopping: Callable[[], bool] = lambda: False
+    """True once the server shuts down: open event streams then end (whoever runs
+    the app sets it, e.g. to ``lambda: server.should_exit`` for a uvicorn server)."""
+
+    @property
+    def engine(self) -> Upstream:
+        assert self.upstream is not None, "the gateway's lifespan has not started"
+        return self.upstream
+
+
+def _build_gateway(config: GatewayConfig, hub: EventHub, policy: Policy | None) -> Gateway:
+    view = GatewayView(
+        config.kv_source,
+        block_size=config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        tool_cores=config.tool_cores,
+    )
+    policy = policy or make_policy(config.policy, **config.policy_settings)
+    admission = Admission(policy, view, idle_timeout_s=config.idle_timeout_s)
+    return Gateway(config, hub, admission, GatewayMetrics(admission))
+
+
+def _on_events(gateway: Gateway, events: Sequence[AnyEvent]) -> None:
+    for event in events:
+        gateway.metrics.collector.observe(event)
+    gateway.admission.on_events(events)
+
+
+async def _admission_passes(admission: Admission) -> None:
+    while True:
+        await asyncio.sleep(ADMISSION_PASS_S)
+        try:
+            admission.admit()
+        except Exception:  # a failing policy must not stop the passes for good
+            log.exception("agentmars admission pass failed (policy %s)", admission.policy.name)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    gateway: Gateway = app.state.gateway
+    config = gateway.config
+    gateway.upstream = Upstream(
+        config.upstream_url,
+        connect_timeout_s=config.connect_timeout_s,
+        read_timeout_s=config.read_timeout_s,
+        models_ttl_s=config.models_ttl_s,
+    )
+    loop = asyncio.get_running_loop()
+
+    # Hub subscribers run on the publishing thread (ingest uses a worker thread): the
+    # policy and the admission live on the event loop only.
+    def to_loop(events: Sequence[AnyEvent]) -> None:
+        loop.call_soon_threadsafe(_on_events, gateway, events)
+
+    unsubscribe = gateway.hub.subscribe(to_loop)
+    passes = asyncio.create_task(_admission_passes(gateway.admission))
+    try:
+        yield
+    finally:
+        passes.cancel()
+        unsubscribe()
+        await gateway.engine.aclose()
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise GatewayError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, RecursionError) as exc:
+        raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise GatewayError(400, "'model' must be a string")
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise GatewayError(400, f"'priority' must be an integer, got {priority!r}")
+    return body
+
+
+async def _complete(gateway: Gateway, request: Request, path: str) -> Response:
+    body = await _json_body(request)
+    try:
+        meta = call_metadata(request.headers, body)
+    except BadRequest as exc:
+        raise GatewayError(400, str(exc)) from None
+    if isinstance(body.get("model"), str):
+        await gateway.engine.check_model(body["model"])
+    try:
+        turn = await unless_disconnected(request, gateway.admission.enter(meta))
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it: the client is gone
+    return await _forward(gateway, request, path, body, meta, turn)
+
+
+async def _forward(
+    gateway: Gateway, request: Request, path: str, body: dict[str, Any], meta: CallMeta, turn: int
+) -> Response:
+    recorder = CallRecorder(gateway.hub, meta, turn, body)
+
+    def done(status: CallStatus, error: str | None) -> None:
+        recorder.end(status, error)
+        gateway.metrics.count_call(status)
+        gateway.admission.leave(meta.session_id, session_over=status == "cancelled")
+
+    try:
+        response = await unless_disconnected(
+            request,
+            gateway.engine.open(
+                path, forwarded_body(body, meta, turn), forwarded_headers(request, meta)
+            ),
+        )
+    except ClientGone:
+        done("cancelled", "the client disconnected")
+        return Response(status_code=499)
+    except GatewayError as exc:
+        done("error", exc.message)
+        raise
+    if response.status_code >= 400 or not body.get("stream"):
+        return await _whole(request, response, recorder, done)
+    return ClosingStreamingResponse(
+        relay(response, recorder, done),
+        status_code=response.status_code,
+        media_type=response.headers.get("content-type", "text/event-stream"),
+    )
+
+
+async def _whole(
+    request: Request, response: httpx.Response, recorder: CallRecorder, done: Done
+) -> Response:
+    try:
+        content = await unless_disconnected(request, response.aread())
+    except ClientGone:
+        done("cancelled", "the client disconnected")
+        return Response(status_code=499)
+    except httpx.HTTPError as exc:
+        done("error", f"the engine's answer broke off: {exc!r}")
+        raise GatewayError(
+            502, f"the engine's answer broke off: {exc!r}", "upstream_error"
+        ) from None
+    finally:
+        await response.aclose()
+    if response.status_code >= 400:
+        done("error", content.decode(errors="replace")[:500])
+        return upstream_error(response, content)
+    # A success body that is not a JSON object still reaches the client as it came.
+    with contextlib.suppress(ValueError, AttributeError):
+        recorder.observe(json.loads(content), chunk=False)
+    done("ok", None)
+    return Response(content, status_code=response.status_code, media_type="application/json")
+
+
+def _body_schema(required: str) -> dict[str, Any]:
+    """The request body in the OpenAPI document: the fields the gateway reads; the
+    rest of the OpenAI body is the engine's to judge (the routes read raw JSON, so a
+    body the engine rejects gets the engine's own message)."""
+    message = {
+        "type": "object",
+        "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
+        "required": ["role"],
+    }
+    xargs = {
+        "type": "object",
+        "properties": {
+            "session_id": {"type": "string"},
+            "turn": {"type": "integer", "minimum": 0},
+            "follows_tool": {"type": "integer", "enum": [0, 1]},
+            "expects_tool": {"type": "integer", "enum": [0, 1]},
+        },
+    }
+    schema = {
+        "type": "object",
+        "properties": {
+            "model": {"type": "string"},
+            "messages": {"type": "array", "items": message},
+            "prompt": {"type": "string"},
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "stream": {"type": "boolean"},
+            "session_id": {"type": "string"},
+            "priority": {"type": "integer"},
+            "vllm_xargs": xargs,
+        },
+        "required": ["model", required],
+    }
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _routes(app: FastAPI, gateway: Gateway) -> None:
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema("messages"))
+    async def chat_completions(request: Request) -> Response:
+        """OpenAI chat completions, forwarded after the session is admitted."""
+        return await _complete(gateway, request, "/v1/chat/completions")
+
+    @app.post("/v1/completions", openapi_extra=_body_schema("prompt"))
+    async def completions(request: Request) -> Response:
+        """OpenAI text completions, forwarded after the session is admitted."""
+        return await _complete(gateway, request, "/v1/completions")
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        """The engine's model list (cached)."""
+        response = await gateway.engine.models()
+        if response.status_code >= 400:
+            return upstream_error(response, response.content)
+        return Response(response.content, media_type="application/json")
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        """Prometheus metrics."""
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        """The gateway is up (says nothing of the engine)."""
+        return {"status": "ok", "events": gateway.hub.count}
+
+
+async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)
+    return exc.response()
+
+
+def create_gateway_app(
+    config: GatewayConfig, *, hub: EventHub | None = None, policy: Policy | None = None
+) -> FastAPI:
+    """The gateway app (``policy``: an object to use instead of ``config.policy``)."""
+    gateway = _build_gateway(config, hub or EventHub(), policy)
+    app = FastAPI(title="agentmars gateway", lifespan=_lifespan)
+    app.state.gateway = gateway
+    _routes(app, gateway)
+    app.include_router(ingest_router(gateway.hub, config.token))
+    app.include_router(stream_router(gateway.hub, config.token, lambda: gateway.stopping()))
+    install_error_handlers(app)
+    app.add_exception_handler(GatewayError, _gateway_error)
+    return app
+
+
+TOKEN_ENV = "AGENTMARS_GATEWAY_TOKEN"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m agentmars.server.gateway.app``: a gateway process. The token comes
+    from the environment, not the command line, where ``ps`` shows it."""
+    import argparse
+    import os
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(
+        prog="python -m agentmars.server.gateway.app", description=main.__doc__
+    )
+    parser.add_argument("--upstream", required=True, help="the engine's base URL")
+    parser.add_argument("--policy", default="fcfs", help="registry name of the policy")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback default)")
+    parser.add_argument("--port", type=int, default=8080)
+    args = parser.parse_args(argv)
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        parser.error(f"set {TOKEN_ENV} to the token event senders must present")
+    config = GatewayConfig(upstream_url=args.upstream, token=token, policy=args.policy)
+    try:
+        app = create_gateway_app(config)
+    except ValueError as exc:  # an unknown policy, a bad token: say which
+        parser.error(str(exc))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    )
+    app.state.gateway.stopping = lambda: server.should_exit
+    server.run()
+
+
+if __name__ == "__main__":
+    main()

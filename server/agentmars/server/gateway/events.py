@@ -1,0 +1,207 @@
+"""The gateway's own events (LLM submit, first token, end) and the SSE event stream.
+
+``CallRecorder`` publishes one call's events into the ``EventHub``, source
+``"gateway"``. The first token is the first stream chunk that carries generated text
+or a tool call (a bare role chunk does not count), as in the SDK; a whole
+(non-streamed) response records no first token, also as in the SDK. ``GET
+/v1/events/stream`` serves every event the hub receives from then on as Server-Sent
+Events (``data: <event JSON>``), token-protected like ingestion since events name
+sessions and tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Literal
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import StreamingResponse
+
+from agentmars.sdk.auth import UNAUTHORISED, bearer_matches, check_token
+from agentmars.sdk.events import AnyEvent, LLMEnd, LLMFirstToken, LLMSubmit, clock, new_id
+from agentmars.server.gateway.sessions import CallMeta
+from agentmars.server.ingest import EventHub
+
+CallStatus = Literal["ok", "error", "cancelled"]
+STREAM_PATH = "/v1/events/stream"
+STREAM_QUEUE = 10_000
+"""Events buffered per stream subscriber; a reader that falls further behind loses
+events (counted in a ``: dropped N`` SSE comment) instead of growing memory."""
+KEEPALIVE_S = 15.0
+STOP_CHECK_S = 0.25
+
+
+def _choices(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The response's choices, skipping anything malformed (the engine's output is
+    read, never trusted)."""
+    choices = response.get("choices")
+    if not isinstance(choices, list):
+        return []
+    return [choice for choice in choices if isinstance(choice, dict)]
+
+
+def _carries_output(chunk: dict[str, Any]) -> bool:
+    """The SDK's first-token rule (``integrations/request.py``) on raw JSON: text,
+    content, a tool call or reasoning (a bare role chunk or a usage chunk is not)."""
+    for choice in _choices(chunk):
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and any(
+            delta.get(k) for k in ("content", "tool_calls", "reasoning_content")
+        ):
+            return True
+    return False
+
+
+class CallRecorder:
+    """Records one forwarded call; ``end`` is idempotent (first outcome wins)."""
+
+    def __init__(self, hub: EventHub, meta: CallMeta, turn: int, body: dict[str, Any]) -> None:
+        self.hub = hub
+        self.ids: dict[str, Any] = {
+            "session_id": meta.session_id,
+            "call_id": new_id(),
+            "turn": turn,
+            "source": "gateway",
+        }
+        self._start_ns = time.monotonic_ns()
+        self._first_token = False
+        self._ended = False
+        self._usage: dict[str, Any] = {}
+        self._finish_reason: str | None = None
+        self._tool_call = False
+        self._publish(
+            LLMSubmit(
+                model=body.get("model") if isinstance(body.get("model"), str) else None,
+                operation="chat" if "messages" in body else "text_completion",
+                stream=bool(body.get("stream")),
+                projected_prompt_tokens=meta.prompt_tokens,
+                max_tokens=_count(body.get("max_tokens", body.get("max_completion_tokens"))),
+                follows_tool=meta.follows_tool,
+                expects_tool=meta.expects_tool,
+                **self.ids,
+            )
+        )
+
+    def _publish(self, event: AnyEvent) -> None:
+        self.hub.publish([event])
+
+    def _elapsed_s(self, now_ns: int) -> float:
+        return max(0.0, (now_ns - self._start_ns) / 1e9)
+
+    def observe(self, response: dict[str, Any], *, chunk: bool) -> None:
+        """Read a whole response or (``chunk``) one stream chunk: first token, usage,
+        finish reason."""
+        if chunk and not self._first_token and _carries_output(response):
+            self._first_token = True
+            stamp = clock()
+            ttft = self._elapsed_s(stamp["mono_ns"])
+            self._publish(LLMFirstToken(ttft_s=ttft, **self.ids, **stamp))
+        if isinstance(response.get("usage"), dict):
+            self._usage = response["usage"]
+        for choice in _choices(response):
+            if choice.get("finish_reason"):
+                self._finish_reason = str(choice["finish_reason"])
+                self._tool_call = self._finish_reason == "tool_calls"
+
+    def end(self, status: CallStatus = "ok", error: str | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        stamp = clock()
+        prompt = _count(self._usage.get("prompt_tokens"))
+        details = self._usage.get("prompt_tokens_details")
+        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        if prompt is None or (cached is not None and cached > prompt):
+            cached = None  # an engine's inconsistent figure is dropped, not an event error
+        self._publish(
+            LLMEnd(
+                status=status,
+                error=error,
+                prompt_tokens=prompt,
+                cached_tokens=cached,
+                output_tokens=_count(self._usage.get("completion_tokens")),
+                finish_reason=self._finish_reason,
+                ended_in_tool_call=self._tool_call,
+                duration_s=self._elapsed_s(stamp["mono_ns"]),
+                **self.ids,
+                **stamp,
+            )
+        )
+
+
+def _count(value: object) -> int | None:
+    """A token count from the engine's JSON, or None if it is not one."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+# --- the SSE stream ---------------------------------------------------------------------
+
+
+class _StreamSubscriber:
+    """Carries hub batches (from any thread) into one stream's asyncio queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[AnyEvent] = asyncio.Queue(STREAM_QUEUE)
+        self.dropped = 0
+
+    def __call__(self, events: Sequence[AnyEvent]) -> None:
+        self.loop.call_soon_threadsafe(self._put, events)
+
+    def _put(self, events: Sequence[AnyEvent]) -> None:
+        for event in events:
+            try:
+                self.queue.put_nowait(event)
+            except asyncio.QueueFull:
+                self.dropped += 1
+
+
+async def _sse(
+    hub: EventHub, subscriber: _StreamSubscriber, stopping: Callable[[], bool]
+) -> AsyncIterator[str]:
+    unsubscribe = hub.subscribe(subscriber)
+    try:
+        yield ": agentmars event stream\n\n"
+        reported = 0
+        quiet_s = 0.0
+        # An endless response would hold up the server's graceful shutdown: look at
+        # ``stopping`` every STOP_CHECK_S and end the stream when it says so.
+        while not stopping():
+            try:
+                event = await asyncio.wait_for(subscriber.queue.get(), STOP_CHECK_S)
+            except TimeoutError:
+                quiet_s += STOP_CHECK_S
+                if quiet_s >= KEEPALIVE_S:
+                    quiet_s = 0.0
+                    yield ": keepalive\n\n"
+                continue
+            if subscriber.dropped > reported:
+                reported = subscriber.dropped
+                yield f": dropped {reported}\n\n"
+            yield f"data: {event.to_json()}\n\n"
+    finally:
+        unsubscribe()
+
+
+def stream_router(
+    hub: EventHub, token: str, stopping: Callable[[], bool] = lambda: False
+) -> APIRouter:
+    """``GET /v1/events/stream``: every event from now on, as SSE (bearer token).
+    Open streams end once ``stopping()`` is true (the server is shutting down)."""
+    expected = check_token(token)
+    router = APIRouter()
+
+    @router.get(STREAM_PATH)
+    async def event_stream(request: Request) -> StreamingResponse:
+        if not bearer_matches(request.headers.get("authorization", ""), expected):
+            raise HTTPException(401, UNAUTHORISED, headers={"WWW-Authenticate": "Bearer"})
+        subscriber = _StreamSubscriber(asyncio.get_running_loop())
+        return StreamingResponse(_sse(hub, subscriber, stopping), media_type="text/event-stream")
+
+    return router

@@ -1,0 +1,137 @@
+"""LLM events recorded by the gateway, tool events ingested, and the SSE stream."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from agentmars.sdk.events import (
+    LLMEnd,
+    LLMFirstToken,
+    LLMSubmit,
+    SessionStart,
+    ToolStart,
+    decode_event,
+    encode_jsonl,
+)
+from agentmars.server.background import serve_in_subprocess
+from agentmars.server.gateway.app import TOKEN_ENV
+from agentmars.server.gateway.events import CallRecorder
+from agentmars.server.gateway.sessions import call_metadata
+from agentmars.server.ingest import EventHub
+from tests.server.gateway.conftest import AUTH, MODEL, TOKEN, Gateway
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def test_a_stream_records_submit_first_token_and_end(gateway: Gateway) -> None:
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    headers = {"X-Session-ID": "s1"}
+    httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers).raise_for_status()
+    assert gateway.hub.wait_for_count(3, 2.0)
+    submit, first, end = gateway.hub.events()
+    assert isinstance(submit, LLMSubmit)
+    assert isinstance(first, LLMFirstToken)
+    assert isinstance(end, LLMEnd)
+    assert {e.source for e in (submit, first, end)} == {"gateway"}
+    assert submit.session_id == first.session_id == end.session_id == "s1"
+    assert submit.call_id == first.call_id == end.call_id
+    assert (submit.turn, submit.stream, submit.max_tokens, submit.model) == (0, True, 4, MODEL)
+    # the scripted engine waits 20 ms before the first token, 10 ms per further token
+    assert 0.02 <= first.ttft_s < end.duration_s
+    assert end.duration_s >= 0.05
+    assert (end.status, end.output_tokens, end.finish_reason) == ("ok", 4, "length")
+    assert end.prompt_tokens == 1 and end.cached_tokens == 0  # one word of prompt
+
+
+def test_a_whole_response_records_submit_and_end(gateway: Gateway) -> None:
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": {}}}]
+    body = {**CHAT, "session_id": "s2", "tools": tools}
+    httpx.post(f"{gateway.url}/v1/chat/completions", json=body).raise_for_status()
+    assert gateway.hub.wait_for_count(2, 2.0)
+    submit, end = gateway.hub.events()
+    assert isinstance(submit, LLMSubmit) and submit.expects_tool
+    assert isinstance(end, LLMEnd) and end.ended_in_tool_call and end.status == "ok"
+
+
+def test_an_engine_error_ends_the_call_as_an_error(gateway: Gateway) -> None:
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", json={"model": MODEL})
+    assert response.status_code == 400
+    assert gateway.hub.wait_for_count(2, 2.0)
+    end = gateway.hub.events()[-1]
+    assert isinstance(end, LLMEnd) and end.status == "error"
+    assert "messages" in (end.error or "")
+
+
+def test_event_ingest_needs_the_token(gateway: Gateway) -> None:
+    batch = encode_jsonl([SessionStart(session_id="s")])
+    assert httpx.post(f"{gateway.url}/v1/events", content=batch).status_code == 401
+    assert httpx.post(f"{gateway.url}/v1/events", content=batch, headers=AUTH).json() == {
+        "accepted": 1
+    }
+    assert gateway.kinds() == ["session_start"]
+
+
+def _read_stream(url: str, want: int, out: list[dict[str, Any]], ready: threading.Event) -> None:
+    with httpx.stream("GET", f"{url}/v1/events/stream", headers=AUTH, timeout=5) as response:
+        for line in response.iter_lines():
+            ready.set()  # the opening comment: subscribed
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+                if len(out) == want:
+                    return
+
+
+def test_the_stream_serves_ingested_and_gateway_events(gateway: Gateway) -> None:
+    assert httpx.get(f"{gateway.url}/v1/events/stream").status_code == 401
+    received: list[dict[str, Any]] = []
+    ready = threading.Event()
+    reader = threading.Thread(target=_read_stream, args=(gateway.url, 3, received, ready))
+    reader.start()
+    assert ready.wait(5)
+    tool = ToolStart(session_id="s", call_id="c1", tool="ls", source="sandbox")
+    httpx.post(f"{gateway.url}/v1/events", content=tool.to_json(), headers=AUTH)
+    httpx.post(f"{gateway.url}/v1/chat/completions", json={**CHAT, "session_id": "s"})
+    reader.join(5)
+    assert [decode_event(e).kind for e in received] == ["tool_start", "llm_submit", "llm_end"]
+    assert received[0] == json.loads(tool.to_json())
+
+
+def test_an_open_stream_does_not_hold_up_shutdown() -> None:
+    argv = [sys.executable, "-m", "agentmars.server.gateway.app", "--upstream", "http://x"]
+    received: list[dict[str, Any]] = []
+    ready = threading.Event()
+    with serve_in_subprocess(argv, env={TOKEN_ENV: TOKEN}) as url:
+        reader = threading.Thread(target=_read_stream, args=(url, 1, received, ready))
+        reader.start()
+        assert ready.wait(5)
+        stopping = time.monotonic()
+    # SIGTERM: the stream ends within a stop check (0.25 s) and the server exits; a
+    # server stuck on the stream would be SIGKILLed after 5 s
+    assert time.monotonic() - stopping < 2.0
+    reader.join(5)
+    assert not reader.is_alive() and received == []
+
+
+def test_the_recorder_drops_what_an_engine_gets_wrong_instead_of_failing() -> None:
+    hub = EventHub()
+    meta = call_metadata({}, {"session_id": "s"})
+    recorder = CallRecorder(hub, meta, 0, {"max_tokens": "many", "model": 5})
+    bad_usage = {"prompt_tokens": 2, "prompt_tokens_details": {"cached_tokens": 9}}
+    recorder.observe({"choices": 5, "usage": {**bad_usage, "completion_tokens": "x"}}, chunk=True)
+    recorder.observe({"choices": [{"delta": "text"}, 3]}, chunk=True)  # no first token
+    recorder.observe({"choices": [{"delta": {"role": "assistant"}}]}, chunk=True)  # nor this
+    recorder.observe({"choices": [{"delta": {"content": "hi"}}]}, chunk=True)
+    recorder.observe({"choices": [{"delta": {"content": "!"}}]}, chunk=True)
+    recorder.end()
+    recorder.end("error", "late")  # the first outcome stands
+    submit, first, end = hub.events()
+    assert isinstance(submit, LLMSubmit) and (submit.max_tokens, submit.model) == (None, None)
+    assert isinstance(first, LLMFirstToken)
+    assert isinstance(end, LLMEnd) and end.status == "ok"
+    assert (end.prompt_tokens, end.cached_tokens, end.output_tokens) == (2, None, None)
