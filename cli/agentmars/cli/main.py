@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -290,6 +291,68 @@ SimToolCores = Annotated[int, typer.Option(min=1, help="Host cores for tools.")]
 SimOut = Annotated[Path, typer.Option(help="Folder for results.json and the report.")]
 SimJobs = Annotated[int, typer.Option(min=1, help="Runs in parallel (worker processes).")]
 SimReport = Annotated[bool, typer.Option(help="Draw the PNG plots and index.html.")]
+
+
+class Engine(StrEnum):
+    vllm = "vllm"
+
+
+@app.command("serve")
+def serve(
+    model: Annotated[Path, typer.Option(help="Model directory (e.g. the tiny model's).")],
+    engine: Annotated[Engine, typer.Option(help="The engine behind the gateway.")] = Engine.vllm,
+    policy: Annotated[
+        str, typer.Option(help="Scheduling policy (agentmars sim policies).")
+    ] = "fcfs",
+    host: Annotated[str, typer.Option(help="Gateway address; loopback unless you mean it.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Gateway port.")] = 8080,
+    vllm_python: Annotated[
+        Path | None,
+        typer.Option(help="The vLLM environment's python (default: $AGENTMARS_VLLM_PYTHON)."),
+    ] = None,
+    max_model_len: Annotated[int, typer.Option(min=1)] = 32768,
+    num_blocks: Annotated[int, typer.Option(min=1, help="KV blocks of the engine.")] = 512,
+    cores: Annotated[str | None, typer.Option(help="CPUs for vLLM, e.g. 0.")] = None,
+    log: Annotated[Path, typer.Option(help="vLLM's output.")] = Path("out/vllm.log"),
+    vllm_arg: Annotated[
+        list[str] | None, typer.Option(help="One more vLLM argument (repeatable).")
+    ] = None,
+) -> None:
+    """Run vLLM with the agentmars scheduler plugin and the gateway in front of it
+    (token for the event endpoints: $AGENTMARS_GATEWAY_TOKEN); Ctrl-C stops both."""
+    import os
+
+    from agentmars.cli.serve import VLLM_PYTHON_ENV, ServeError, ServeOptions
+    from agentmars.cli.serve import serve as run_serve
+
+    token = os.environ.get("AGENTMARS_GATEWAY_TOKEN", "")
+    python = vllm_python or Path(os.environ.get(VLLM_PYTHON_ENV, ""))
+    try:
+        if not token:
+            raise ServeError("set $AGENTMARS_GATEWAY_TOKEN (the event endpoints' bearer token)")
+        if not str(python) or str(python) == ".":
+            raise ServeError(f"give --vllm-python or ${VLLM_PYTHON_ENV} (scripts/vllm-env.sh)")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        options = ServeOptions(
+            model=model,
+            policy=policy,
+            host=host,
+            port=port,
+            token=token,
+            vllm_python=python,
+            log_path=log,
+            max_model_len=max_model_len,
+            num_blocks=num_blocks,
+            cores=cores,
+            vllm_args=tuple(vllm_arg or ()),
+        )
+        code = run_serve(options)
+    except (ServeError, RuntimeError) as exc:  # RuntimeError: vLLM did not start
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
 
 
 @sim_app.command("run")

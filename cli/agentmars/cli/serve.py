@@ -1,0 +1,103 @@
+"""``agentmars serve``: vLLM with the agentmars scheduler plugin, and the gateway in
+front of it, as one command that starts both and stops both.
+
+vLLM runs as a child process group (its own Python environment, ``--vllm-python``),
+with ``--scheduler-cls`` naming the plugin and the policy in its environment. Once it
+answers ``/health`` the gateway serves in this process. SIGINT or SIGTERM, at any
+point, stops the gateway and then vLLM's whole group, so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from agentmars.server.engines.vllm.launch import CPU_BLOCK_SIZE, VllmServerConfig, serve_vllm
+from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
+from agentmars.server.policies.registry import UnknownPolicy, policy_class
+
+PLUGIN_CLASS = "agentmars.server.engines.vllm.plugin.AgentmarsScheduler"
+VLLM_PYTHON_ENV = "AGENTMARS_VLLM_PYTHON"
+
+
+class ServeError(ValueError):
+    """A setting ``agentmars serve`` cannot start with; the message says which."""
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model: Path
+    policy: str
+    host: str
+    port: int
+    token: str
+    vllm_python: Path
+    log_path: Path
+    max_model_len: int
+    num_blocks: int
+    cores: str | None
+    vllm_args: tuple[str, ...]
+
+    def check(self) -> None:
+        if not (self.model / "config.json").is_file():
+            raise ServeError(f"--model {self.model}: not a model directory (no config.json)")
+        if not self.vllm_python.is_file():
+            raise ServeError(
+                f"the vLLM python {self.vllm_python} does not exist; "
+                f"make it with scripts/vllm-env.sh and pass --vllm-python or ${VLLM_PYTHON_ENV}"
+            )
+        try:
+            policy_class(self.policy)
+        except UnknownPolicy as error:
+            raise ServeError(str(error)) from None
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM raises like SIGINT does, so the context managers stop vLLM's group
+    even while it is still starting (uvicorn handles both itself once it serves)."""
+
+    def stop(signum: int, frame: types.FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def serve(options: ServeOptions) -> int:
+    options.check()
+    _stop_on_sigterm()
+    engine = VllmServerConfig(
+        python=options.vllm_python,
+        model=options.model,
+        max_model_len=options.max_model_len,
+        num_blocks=options.num_blocks,
+        cores=options.cores,
+        extra_args=("--scheduler-cls", PLUGIN_CLASS, *options.vllm_args),
+    )
+    # The plugin reads its policy from the engine's environment (plugin_config.py).
+    os.environ["AGENTMARS_POLICY"] = options.policy
+    try:
+        with serve_vllm(engine, options.log_path) as engine_url:
+            gateway = GatewayConfig(
+                upstream_url=engine_url,
+                token=options.token,
+                policy=options.policy,
+                block_size=CPU_BLOCK_SIZE,
+            )
+            app = create_gateway_app(gateway)
+            server = uvicorn.Server(
+                uvicorn.Config(app, host=options.host, port=options.port, log_level="warning")
+            )
+            app.state.gateway.stopping = lambda: server.should_exit
+            print(
+                f"agentmars: gateway on http://{options.host}:{options.port}, engine {engine_url}",
+                flush=True,
+            )
+            server.run()
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,110 @@
+"""``agentmars serve`` on the real vLLM CPU engine: it serves through the gateway and
+stops everything on SIGTERM, leaving no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from agentmars.server.background import free_loopback_port
+from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME
+from tests.server.engines.vllm.conftest import vllm_python  # noqa: F401  (the fixture)
+
+CLI = [sys.executable, "-m", "agentmars.cli.main", "serve"]
+
+
+def _tiny_model(python: Path) -> Path:
+    done = subprocess.run(
+        [str(python), "-m", "agentmars.server.engines.vllm.tiny_model"],
+        capture_output=True, text=True, check=True, timeout=600,
+    )  # fmt: skip
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def _wait_for(url: str, process: subprocess.Popen[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(1.0)
+    raise AssertionError(f"{url} did not answer within {timeout_s} s")
+
+
+def _start(python: Path, port: int, log: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            *CLI, "--model", str(_tiny_model(python)), "--vllm-python", str(python),
+            "--policy", "continuum", "--port", str(port), "--cores", "0",
+            "--num-blocks", "64", "--max-model-len", "4096", "--log", str(log),
+        ],
+        env={**os.environ, "AGENTMARS_GATEWAY_TOKEN": "test-token"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def _vllm_children(process: subprocess.Popen[str]) -> list[psutil.Process]:
+    children = psutil.Process(process.pid).children(recursive=True)
+    return [p for p in children if "vllm" in " ".join(p.cmdline())]
+
+
+@pytest.mark.slow
+def test_sigterm_while_vllm_starts_leaves_nothing_running(
+    vllm_python: Path,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    process = _start(vllm_python, free_loopback_port(), tmp_path / "vllm.log")
+    deadline = time.monotonic() + 120
+    while not (started := _vllm_children(process)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert started, "vLLM was never started"
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert alive == [], f"left running: {[p.pid for p in alive]}"
+
+
+@pytest.mark.slow
+def test_serve_answers_through_the_gateway_and_stops_cleanly(
+    vllm_python: Path,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    port = free_loopback_port()
+    process = _start(vllm_python, port, tmp_path / "vllm.log")
+    base = f"http://127.0.0.1:{port}"
+    descendants: list[psutil.Process] = []
+    try:
+        _wait_for(base + "/healthz", process, timeout_s=600)
+        descendants = psutil.Process(process.pid).children(recursive=True)
+        assert _vllm_children(process)
+        reply = httpx.post(
+            base + "/v1/completions",
+            json={
+                "model": SERVED_MODEL_NAME,
+                "prompt": "hello",
+                "max_tokens": 4,
+                "ignore_eos": True,
+            },
+            headers={"X-Session-ID": "s1"},
+            timeout=120,
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == 4
+        assert httpx.post(base + "/v1/events", json=[], timeout=5).status_code == 401
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert process.returncode == 0, process.stderr.read() if process.stderr else ""
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    assert alive == [], f"left running: {[p.pid for p in alive]}"
