@@ -132,6 +132,17 @@ def bench_sandbox(
     run(calls, tools, json_out)
 
 
+@bench_app.command("gateway")
+def bench_gateway(
+    calls: Annotated[int, typer.Option(min=10, help="Completions on each path.")] = 500,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
+) -> None:
+    """Latency the gateway adds to a short completion (target p50 <= 2 ms)."""
+    from agentmars.bench.gateway import run
+
+    run(calls, json_out)
+
+
 @bench_app.command("sim")
 def bench_sim(
     workload: Annotated[str, typer.Option(help="Registered workload.")] = "ilr-4",
