@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentmars.server.sim.block_pool import BlockPool, CPUTier, block_key
+from agentmars.server.sim.block_pool import INDEX_MASK, BlockPool, CPUTier, block_key
 
 NUM_BLOCKS = 12
 OWNERS = (1, 2)
@@ -75,7 +75,7 @@ def test_pool_matches_the_reference(ops: list[tuple[str, int]]) -> None:
                 if block not in ref.content and key not in ref.content.values():
                     ref.content[block] = key
                     next_index[arg] += 1
-                pool.cache(block, key)
+                pool.cache_run([block], arg, key & INDEX_MASK)
         elif op == "hit":
             count, _ = pool.prefix(arg, NUM_BLOCKS)
             blocks = pool.prefix_blocks(arg, count)
@@ -104,7 +104,7 @@ def test_reallocating_a_cached_block_evicts_its_content() -> None:
     evicted: list[int] = []
     pool = BlockPool(1, evicted.extend)
     (block,) = pool.allocate(1) or []
-    pool.cache(block, block_key(1, 0))
+    pool.cache_run([block], 1, 0)
     pool.free([block])
     assert pool.prefix(1, 5) == (1, 1)  # still reusable
     pool.allocate(1)

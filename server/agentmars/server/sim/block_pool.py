@@ -101,10 +101,6 @@ class BlockPool:
 
     # --- prefix cache --------------------------------------------------------------------
 
-    def cache(self, block: int, key: int) -> None:
-        """Record that ``block`` holds the content ``key`` (a full block)."""
-        self.cache_run([block], key >> INDEX_BITS, key & INDEX_MASK)
-
     def cache_run(self, blocks: Sequence[int], owner: int, first: int) -> None:
         """Record that ``blocks`` hold the owner's blocks ``first``, ``first + 1``, ...
         (a block already named, or content already cached elsewhere, is left as is)."""

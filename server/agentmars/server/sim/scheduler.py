@@ -171,6 +171,7 @@ class Scheduler:
         Returns the tokens scheduled now (0 if the call only starts loading from the CPU
         tier, or the policy skips it), or None if it does not fit (stop the pass)."""
         prefix = self.kv.lookup(call)
+        pinned = self.kv.pinned_blocks
         computed = (prefix.gpu_blocks + prefix.cpu_blocks) * self.kv.block_size
         tokens = 0 if prefix.cpu_blocks else min(call.num_tokens - computed, budget)
         if self.policy.reserve_full_prompt:
@@ -184,8 +185,9 @@ class Scheduler:
                 return 0
         if not self._room_for(self.kv.blocks_to_allocate(prefix, tokens), call):
             return None
-        # Dropping pins may have freed blocks of the prefix: look again before taking it.
-        prefix = self.kv.lookup(call)
+        if self.kv.pinned_blocks != pinned:
+            # Dropped pins may have freed blocks of the prefix: look again before taking it.
+            prefix = self.kv.lookup(call)
         if not self.kv.admit(call, prefix, tokens):
             return None
         self._count_prefix_hit(call, computed)
