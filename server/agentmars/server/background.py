@@ -127,6 +127,9 @@ def live_group_members(pgid: int) -> list[int]:
     return members
 
 
+_KILL_WAIT_S = 5.0
+
+
 def _stop_group(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     """SIGTERM the group, wait for every member (not only the leader: children may
     outlive it, e.g. a resource tracker cleaning up), then SIGKILL whatever is left."""
@@ -141,5 +144,10 @@ def _stop_group(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        # SIGKILL is delivered asynchronously: an orphaned member may still be
+        # running for a moment after killpg returns, so wait until none is.
+        kill_deadline = time.monotonic() + _KILL_WAIT_S
+        while live_group_members(process.pid) and time.monotonic() < kill_deadline:
+            time.sleep(0.01)
     if process.stderr:
         process.stderr.close()
