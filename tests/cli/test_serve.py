@@ -8,12 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from agentmars.sdk.events import SessionEnd
 from agentmars.server.background import free_loopback_port
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME
 from tests.server.engines.vllm.conftest import vllm_python  # noqa: F401  (the fixture)
@@ -54,6 +57,41 @@ def _start(python: Path, port: int, log: Path) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+def _kv_metrics(base: str) -> dict[str, float]:
+    """The gateway's KV samples, by name (with the release reason, if any, after a /)."""
+    samples = {}
+    for family in text_string_to_metric_families(httpx.get(base + "/metrics").text):
+        for sample in family.samples:
+            if sample.name.startswith("agentmars_kv_"):
+                reason = sample.labels.get("reason")
+                samples[f"{sample.name}/{reason}" if reason else sample.name] = sample.value
+    return samples
+
+
+def _eventually(check: Callable[[dict[str, float]], bool], base: str) -> dict[str, float]:
+    deadline = time.monotonic() + 10
+    while not check(figures := _kv_metrics(base)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return figures
+
+
+def _check_side_channel(base: str) -> None:
+    """The plugin's KV figures reach the gateway's /metrics, and a session end posted to
+    the gateway reaches the plugin and releases the session's pin (continuum pinned it)."""
+    figures = _eventually(lambda f: f["agentmars_kv_pins"] == 1, base)
+    assert figures["agentmars_kv_total_blocks"] == 63  # 64 less vLLM's null block
+    assert figures["agentmars_kv_pinned_blocks"] >= 1
+    end = SessionEnd(session_id="s1", turns=1).to_json()
+    token = {"authorization": "Bearer test-token"}
+    assert httpx.post(base + "/v1/events", content=end, headers=token).status_code == 200
+    # The plugin takes the gateway's events at its next step: another session's call.
+    other = {"model": SERVED_MODEL_NAME, "prompt": "bye", "max_tokens": 2}
+    assert httpx.post(base + "/v1/completions", json=other, timeout=120).status_code == 200
+    released = "agentmars_kv_pins_released_total/session_end"
+    figures = _eventually(lambda f: f.get(released) == 1, base)
+    assert figures.get(released) == 1, figures
+
+
 def _vllm_children(process: subprocess.Popen[str]) -> list[psutil.Process]:
     children = psutil.Process(process.pid).children(recursive=True)
     return [p for p in children if "vllm" in " ".join(p.cmdline())]
@@ -92,7 +130,7 @@ def test_serve_answers_through_the_gateway_and_stops_cleanly(
             base + "/v1/completions",
             json={
                 "model": SERVED_MODEL_NAME,
-                "prompt": "hello",
+                "prompt": "hello " * 40,  # full KV blocks, for continuum to pin
                 "max_tokens": 4,
                 "ignore_eos": True,
             },
@@ -102,6 +140,7 @@ def test_serve_answers_through_the_gateway_and_stops_cleanly(
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] == 4
         assert httpx.post(base + "/v1/events", json=[], timeout=5).status_code == 401
+        _check_side_channel(base)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)

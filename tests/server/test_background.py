@@ -9,7 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentmars.server.background import live_group_members, serve_in_subprocess
+from agentmars.server.background import (
+    free_loopback_port,
+    live_group_members,
+    serve_in_subprocess,
+)
 from agentmars.server.ingest import TOKEN_ENV
 
 
@@ -23,6 +27,16 @@ def test_subprocess_server_serves_then_leaves_no_process() -> None:
         port = int(url.rsplit(":", 1)[1])
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/healthz")
+
+
+def test_subprocess_server_comes_back_on_the_port_it_is_given() -> None:
+    """A restarted server on the same port, where its clients expect it."""
+    command = [sys.executable, "-m", "agentmars.server.ingest"]
+    port = free_loopback_port()
+    for _ in range(2):
+        with serve_in_subprocess(command, env={TOKEN_ENV: "t0ken"}, port=port) as url:
+            assert url == f"http://127.0.0.1:{port}"
+            assert httpx.get(f"{url}/healthz").status_code == 200
 
 
 def test_subprocess_that_cannot_start_reports_why() -> None:

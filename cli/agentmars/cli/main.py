@@ -143,6 +143,79 @@ def bench_gateway(
     run(calls, json_out)
 
 
+@bench_app.command("plugin")
+def bench_plugin(
+    vllm_python: Annotated[
+        Path | None,
+        typer.Option(help="The vLLM environment's python (default: $AGENTMARS_VLLM_PYTHON)."),
+    ] = None,
+    sessions: Annotated[int, typer.Option(min=1, help="Sessions in the queue.")] = 64,
+    turns: Annotated[int, typer.Option(min=1, help="Calls per session.")] = 4,
+    reps: Annotated[int, typer.Option(min=1, help="Runs of each scheduler.")] = 5,
+    kv_blocks: Annotated[int, typer.Option(min=16, help="KV blocks of 16 tokens.")] = 1024,
+    seed: Annotated[int, typer.Option(help="Seed of the queue.")] = 0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
+) -> None:
+    """Cost of the plugin's schedule() against stock vLLM's on the same synthetic queue
+    (target <= 10% more); vLLM's real scheduler, no model."""
+    from agentmars.bench.plugin import PluginBenchOptions, run
+    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+
+    try:
+        python = find_vllm_python(vllm_python)
+        run(PluginBenchOptions(python, sessions, turns, reps, kv_blocks, seed), json_out)
+    except (BenchSetupError, RuntimeError) as exc:  # RuntimeError: the measurement failed
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@bench_app.command("session-mix")
+def bench_session_mix(
+    vllm_python: Annotated[
+        Path | None,
+        typer.Option(help="The vLLM environment's python (default: $AGENTMARS_VLLM_PYTHON)."),
+    ] = None,
+    policies: Annotated[str, typer.Option(help="Comma-separated; the first is the base.")] = (
+        "fcfs,continuum"
+    ),
+    workload: Annotated[str, typer.Option(help="Registered workload generator.")] = "react",
+    sessions: Annotated[int, typer.Option(min=1)] = 16,
+    rate: Annotated[float, typer.Option(help="Session arrivals per second.")] = 1.0,
+    seed: Annotated[int, typer.Option(min=0)] = 1,
+    max_context: Annotated[int, typer.Option(help="Tokens a session's context may reach.")] = (
+        4096
+    ),
+    max_turns: Annotated[int, typer.Option(min=1, help="Calls per session, at most.")] = 4,
+    tool_scale: Annotated[float, typer.Option(help="Factor on the tools' durations.")] = 1.0,
+    num_blocks: Annotated[int, typer.Option(min=1, help="vLLM's KV blocks (128 tokens).")] = 64,
+    cores: Annotated[str | None, typer.Option(help="CPUs for vLLM.")] = "0",
+    log_dir: Annotated[Path, typer.Option(help="Logs of each run.")] = Path(
+        "out/bench-session-mix"
+    ),
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
+) -> None:
+    """Policies on vLLM CPU with the plugin and the gateway: a replayed mix of agent
+    sessions, one policy after the other (session latency, TTFT after tools, prefix-cache
+    hit rate). Several minutes: vLLM starts once per policy."""
+    from agentmars.bench.session_mix import EngineShape, MixShape, SessionMixError, run, tiny_model
+    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+    from agentmars.server.policies.registry import UnknownPolicy, policy_class
+    from agentmars.server.workloads.errors import WorkloadError
+
+    names = [name.strip() for name in policies.split(",") if name.strip()]
+    shape = MixShape(workload, sessions, rate, seed, max_context, max_turns, tool_scale)
+    try:
+        python = find_vllm_python(vllm_python)
+        for name in names or [""]:
+            policy_class(name)
+        shape.check()
+        engine = EngineShape(python, tiny_model(python), num_blocks, max_context, cores, log_dir)
+        run(engine, shape, names, json_out)
+    except (BenchSetupError, SessionMixError, UnknownPolicy, WorkloadError, RuntimeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 @bench_app.command("sim")
 def bench_sim(
     workload: Annotated[str, typer.Option(help="Registered workload.")] = "ilr-4",
@@ -306,12 +379,23 @@ SimReport = Annotated[bool, typer.Option(help="Draw the PNG plots and index.html
 
 class Engine(StrEnum):
     vllm = "vllm"
+    sim = "sim"
+
+
+VLLM_MAX_MODEL_LEN = 32768
+VLLM_NUM_BLOCKS = 512
 
 
 @app.command("serve")
 def serve(
-    model: Annotated[Path, typer.Option(help="Model directory (e.g. the tiny model's).")],
+    model: Annotated[
+        Path | None, typer.Option(help="Model directory (vllm; e.g. the tiny model's).")
+    ] = None,
     engine: Annotated[Engine, typer.Option(help="The engine behind the gateway.")] = Engine.vllm,
+    profile: Annotated[
+        str | None,
+        typer.Option(help="Cost-model profile of the simulated engine (sim; name or JSON file)."),
+    ] = None,
     policy: Annotated[
         str, typer.Option(help="Scheduling policy (agentmars sim policies).")
     ] = "fcfs",
@@ -323,26 +407,47 @@ def serve(
         Path | None,
         typer.Option(help="The vLLM environment's python (default: $AGENTMARS_VLLM_PYTHON)."),
     ] = None,
-    max_model_len: Annotated[int, typer.Option(min=1)] = 32768,
-    num_blocks: Annotated[int, typer.Option(min=1, help="KV blocks of the engine.")] = 512,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help=f"Context limit (vllm: {VLLM_MAX_MODEL_LEN}; sim: the profile's)."
+        ),
+    ] = None,
+    num_blocks: Annotated[
+        int | None,
+        typer.Option(min=1, help=f"KV blocks (vllm: {VLLM_NUM_BLOCKS}; sim: the profile's)."),
+    ] = None,
     cores: Annotated[str | None, typer.Option(help="CPUs for vLLM, e.g. 0.")] = None,
     log: Annotated[Path, typer.Option(help="vLLM's output.")] = Path("out/vllm.log"),
     vllm_arg: Annotated[
         list[str] | None, typer.Option(help="One more vLLM argument (repeatable).")
     ] = None,
 ) -> None:
-    """Run vLLM with the agentmars scheduler plugin and the gateway in front of it
-    (token for the event endpoints: $AGENTMARS_GATEWAY_TOKEN); Ctrl-C stops both."""
+    """Run an engine with the agentmars scheduler in it and the gateway in front of it
+    (token for the event endpoints: $AGENTMARS_GATEWAY_TOKEN); Ctrl-C stops both.
+    --engine vllm: vLLM with the plugin (--model); --engine sim: the simulated engine
+    paced to the wall clock (--profile), no GPU needed."""
     import os
 
+    token = os.environ.get("AGENTMARS_GATEWAY_TOKEN", "")
+    if not token:
+        typer.echo(
+            "error: set $AGENTMARS_GATEWAY_TOKEN (the event endpoints' bearer token)", err=True
+        )
+        raise typer.Exit(2)
+    if engine is Engine.sim:
+        vllm_only = [name for name, value in (("--model", model), ("--vllm-python", vllm_python),
+                     ("--cores", cores), ("--vllm-arg", vllm_arg)) if value]  # fmt: skip
+        _serve_sim(profile, vllm_only, policy, host, port, token, num_blocks, max_model_len)
+    if model is None or profile is not None:
+        wrong = "--profile is for --engine sim" if profile else "--engine vllm needs --model"
+        typer.echo(f"error: {wrong} (vllm serves a model directory)", err=True)
+        raise typer.Exit(2)
     from agentmars.cli.serve import VLLM_PYTHON_ENV, ServeError, ServeOptions
     from agentmars.cli.serve import serve as run_serve
 
-    token = os.environ.get("AGENTMARS_GATEWAY_TOKEN", "")
     python = vllm_python or Path(os.environ.get(VLLM_PYTHON_ENV, ""))
     try:
-        if not token:
-            raise ServeError("set $AGENTMARS_GATEWAY_TOKEN (the event endpoints' bearer token)")
         if not str(python) or str(python) == ".":
             raise ServeError(f"give --vllm-python or ${VLLM_PYTHON_ENV} (scripts/vllm-env.sh)")
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -354,13 +459,47 @@ def serve(
             token=token,
             vllm_python=python,
             log_path=log,
-            max_model_len=max_model_len,
-            num_blocks=num_blocks,
+            max_model_len=max_model_len or VLLM_MAX_MODEL_LEN,
+            num_blocks=num_blocks or VLLM_NUM_BLOCKS,
             cores=cores,
             vllm_args=tuple(vllm_arg or ()),
         )
         code = run_serve(options)
     except (ServeError, RuntimeError) as exc:  # RuntimeError: vLLM did not start
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+def _serve_sim(
+    profile: str | None,
+    vllm_only: list[str],
+    policy: str,
+    host: str,
+    port: int,
+    token: str,
+    num_blocks: int | None,
+    max_model_len: int | None,
+) -> None:
+    from agentmars.cli.serve_sim import SimServeError, SimServeOptions, serve_sim
+    from agentmars.server.sim.cost_model import profile_names
+
+    try:
+        if profile is None:
+            raise SimServeError(f"--engine sim needs --profile: {', '.join(profile_names())}")
+        if vllm_only:
+            raise SimServeError(f"{', '.join(vllm_only)}: only for --engine vllm")
+        options = SimServeOptions(
+            profile=profile,
+            policy=policy,
+            host=host,
+            port=port,
+            token=token,
+            num_blocks=num_blocks,
+            max_model_len=max_model_len,
+        )
+        code = serve_sim(options)
+    except SimServeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)

@@ -3,14 +3,16 @@ front of it, as one command that starts both and stops both.
 
 vLLM runs as a child process group (its own Python environment, ``--vllm-python``),
 with ``--scheduler-cls`` naming the plugin and the policy in its environment. Once it
-answers ``/health`` the gateway serves in this process. SIGINT or SIGTERM, at any
-point, stops the gateway and then vLLM's whole group, so nothing is left running.
+answers ``/health`` the gateway serves in this process, linked to the plugin by the side
+channel (two ZMQ sockets in a private temporary directory: the plugin's KV figures in,
+the stream's events out). SIGINT or SIGTERM, at any point, stops the gateway and then
+vLLM's whole group, so nothing is left running.
 """
 
 from __future__ import annotations
 
-import os
 import signal
+import tempfile
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +69,15 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def _plugin_env(options: ServeOptions, sockets: str) -> dict[str, str]:
+    """The plugin's settings (plugin_config.py), in vLLM's environment."""
+    return {
+        "AGENTMARS_POLICY": options.policy,
+        "AGENTMARS_KV_STATUS_ADDR": f"ipc://{sockets}/kv",
+        "AGENTMARS_HINTS_ADDR": f"ipc://{sockets}/hints",
+    }
+
+
 def serve(options: ServeOptions) -> int:
     options.check()
     _stop_on_sigterm()
@@ -78,15 +89,18 @@ def serve(options: ServeOptions) -> int:
         cores=options.cores,
         extra_args=("--scheduler-cls", PLUGIN_CLASS, *options.vllm_args),
     )
-    # The plugin reads its policy from the engine's environment (plugin_config.py).
-    os.environ["AGENTMARS_POLICY"] = options.policy
     try:
-        with serve_vllm(engine, options.log_path) as engine_url:
+        with (
+            tempfile.TemporaryDirectory(prefix="agentmars-") as sockets,
+            serve_vllm(engine, options.log_path, env=_plugin_env(options, sockets)) as engine_url,
+        ):
             gateway = GatewayConfig(
                 upstream_url=engine_url,
                 token=options.token,
                 policy=options.policy,
                 block_size=CPU_BLOCK_SIZE,
+                plugin_kv_address=f"ipc://{sockets}/kv",
+                plugin_hints_address=f"ipc://{sockets}/hints",
             )
             app = create_gateway_app(gateway)
             server = uvicorn.Server(

@@ -64,14 +64,16 @@ def serve_in_subprocess(
     startup_timeout_s: float = 30.0,
     log_path: Path | None = None,
     stop_grace_s: float = 5.0,
+    port: int | None = None,
 ) -> Iterator[str]:
-    """Run a server process (``argv`` plus ``--port N``) in its own process group until
-    the block ends; yields its base URL once ``health_path`` answers 200. On exit the
-    whole group gets SIGTERM, then SIGKILL if it lingers ``stop_grace_s``, so nothing is
-    orphaned. With ``log_path`` the server's stdout and stderr go to that file (a chatty
-    server such as vLLM would fill an unread pipe and block); else stdout is dropped
-    and stderr piped, read only to report a failed start."""
-    port = free_loopback_port()
+    """Run a server process (``argv`` plus ``--port N``: ``port``, else a free one) in its
+    own process group until the block ends; yields its base URL once ``health_path``
+    answers 200. On exit the whole group gets SIGTERM, then SIGKILL if it lingers
+    ``stop_grace_s``, so nothing is orphaned. With ``log_path`` the server's stdout and
+    stderr go to that file (a chatty server such as vLLM would fill an unread pipe and
+    block); else stdout is dropped and stderr piped, read only to report a failed
+    start."""
+    port = free_loopback_port() if port is None else port
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(log_path.open("wb")) if log_path else None
         process = subprocess.Popen(

@@ -85,6 +85,18 @@ def test_session_metadata_reaches_the_engine(engine: Engine, gateway: Gateway) -
     }
 
 
+def test_a_call_of_no_session_reaches_the_engine_naming_none(
+    engine: Engine, gateway: Gateway
+) -> None:
+    """Its one-call session is the gateway's own: named to the engine, it would let
+    the plugin pin KV for a next call that never comes."""
+    assert httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT).is_success
+    (seen,) = engine.requests
+    assert "x-session-id" not in seen.headers
+    assert "session_id" not in seen.body
+    assert seen.body["vllm_xargs"] == {"turn": 0, "follows_tool": 0, "expects_tool": 0}
+
+
 def test_the_gateway_counts_turns_when_the_client_does_not(
     engine: Engine, gateway: Gateway
 ) -> None:
@@ -147,6 +159,17 @@ def test_engine_down_is_a_503_within_a_second_and_the_gateway_recovers(
         with serve_in_thread(create_scripted_llm_app(model=MODEL), port=port):
             response = httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT)
             assert response.status_code == 200
+
+
+def test_the_model_list_is_asked_afresh_so_an_engine_gone_down_shows(
+    make_gateway: GatewayFactory,
+) -> None:
+    port = free_loopback_port()
+    with make_gateway(f"http://127.0.0.1:{port}") as gateway:
+        with serve_in_thread(create_scripted_llm_app(model=MODEL), port=port):
+            assert httpx.get(f"{gateway.url}/v1/models").status_code == 200
+        # Within models_ttl_s of the 200: the list a completion checks is still cached.
+        assert httpx.get(f"{gateway.url}/v1/models").status_code == 503
 
 
 def test_a_connection_the_engine_dropped_is_retried_not_a_503(gateway: Gateway) -> None:

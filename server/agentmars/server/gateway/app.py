@@ -4,8 +4,10 @@ admission in front, the event hub, the SSE stream and ``/metrics``.
 ``create_gateway_app(GatewayConfig(...))`` builds it; the lifespan opens the httpx
 client to the engine, subscribes the admission to the hub and runs a periodic
 admission pass (idle expiry, policies that open their window on their own clock),
-and closes it all at shutdown. Bind it to 127.0.0.1 (the default of ``main``):
-completions are not token-protected, event ingest and the event stream are.
+opens the side channel to the scheduler plugin when one is configured
+(``plugin_link``), and closes it all at shutdown. Bind it to 127.0.0.1 (the default
+of ``main``): completions are not token-protected, event ingest and the event stream
+are.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from agentmars.sdk.events import AnyEvent
 from agentmars.server.gateway.events import CallRecorder, CallStatus, stream_router
 from agentmars.server.gateway.metrics import GatewayMetrics
+from agentmars.server.gateway.plugin_link import PluginLink
 from agentmars.server.gateway.proxy import (
     ClientGone,
     ClosingStreamingResponse,
@@ -73,7 +76,12 @@ class GatewayConfig:
     tool_cores: int | None = None
     """Cores for tools (None: all of this host's)."""
     kv_source: KVSource | None = None
-    """KV statistics (None: the newest ``kv_stats`` event of the stream)."""
+    """KV statistics (None: the plugin's, with ``plugin_kv_address``, else the newest
+    ``kv_stats`` event of the stream)."""
+    plugin_kv_address: str | None = None
+    """The plugin's KV figures' ZMQ PUB address (its ``AGENTMARS_KV_STATUS_ADDR``)."""
+    plugin_hints_address: str | None = None
+    """The plugin's ZMQ PULL address for the stream's events (``AGENTMARS_HINTS_ADDR``)."""
 
 
 @dataclass
@@ -85,6 +93,8 @@ class Gateway:
     admission: Admission
     metrics: GatewayMetrics
     upstream: Upstream | None = None
+    link: PluginLink | None = None
+    """The side channel to the scheduler plugin, if configured."""
     stopping: Callable[[], bool] = lambda: False
     """True once the server shuts down: open event streams then end (whoever runs
     the app sets it, e.g. to ``lambda: server.should_exit`` for a uvicorn server)."""
@@ -96,21 +106,29 @@ class Gateway:
 
 
 def _build_gateway(config: GatewayConfig, hub: EventHub, policy: Policy | None) -> Gateway:
+    link = None
+    if config.plugin_kv_address or config.plugin_hints_address:
+        link = PluginLink(
+            kv_address=config.plugin_kv_address, hints_address=config.plugin_hints_address
+        )
+    kv_source = config.kv_source or (link if config.plugin_kv_address else None)
     view = GatewayView(
-        config.kv_source,
+        kv_source,
         block_size=config.block_size,
         max_num_seqs=config.max_num_seqs,
         tool_cores=config.tool_cores,
     )
     policy = policy or make_policy(config.policy, **config.policy_settings)
     admission = Admission(policy, view, idle_timeout_s=config.idle_timeout_s)
-    return Gateway(config, hub, admission, GatewayMetrics(admission))
+    return Gateway(config, hub, admission, GatewayMetrics(admission), link=link)
 
 
 def _on_events(gateway: Gateway, events: Sequence[AnyEvent]) -> None:
     for event in events:
         gateway.metrics.collector.observe(event)
     gateway.admission.on_events(events)
+    if gateway.link is not None:
+        gateway.link.forward(events)
 
 
 async def _admission_passes(admission: Admission) -> None:
@@ -139,6 +157,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     def to_loop(events: Sequence[AnyEvent]) -> None:
         loop.call_soon_threadsafe(_on_events, gateway, events)
 
+    if gateway.link is not None:
+        gateway.link.start()
     unsubscribe = gateway.hub.subscribe(to_loop)
     passes = asyncio.create_task(_admission_passes(gateway.admission))
     try:
@@ -147,6 +167,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         passes.cancel()
         unsubscribe()
         await gateway.engine.aclose()
+        if gateway.link is not None:
+            gateway.link.close()
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -343,11 +365,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--policy", default="fcfs", help="registry name of the policy")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback default)")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--block-size", type=int, default=16, help="the engine's KV block size in tokens"
+    )
+    parser.add_argument(
+        "--plugin-kv-addr", help="the plugin's AGENTMARS_KV_STATUS_ADDR (its KV figures)"
+    )
+    parser.add_argument(
+        "--plugin-hints-addr", help="the plugin's AGENTMARS_HINTS_ADDR (events to it)"
+    )
     args = parser.parse_args(argv)
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
         parser.error(f"set {TOKEN_ENV} to the token event senders must present")
-    config = GatewayConfig(upstream_url=args.upstream, token=token, policy=args.policy)
+    if args.block_size < 1:
+        parser.error("--block-size must be positive")
+    config = GatewayConfig(
+        upstream_url=args.upstream,
+        token=token,
+        policy=args.policy,
+        block_size=args.block_size,
+        plugin_kv_address=args.plugin_kv_addr,
+        plugin_hints_address=args.plugin_hints_addr,
+    )
     try:
         app = create_gateway_app(config)
     except ValueError as exc:  # an unknown policy, a bad token: say which

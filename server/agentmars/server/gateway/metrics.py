@@ -5,7 +5,8 @@ Gauges are read at scrape time from the admission and the view; every series has
 ``policy`` label. ``agentmars_window`` is the policy's admission window: its
 ``window`` attribute when it has one, else the newest ``window_update`` event's, else
 -1 (the policy has no window: it admits everything). KV figures come from the view's
-``KVSource`` (0 while unknown).
+``KVSource`` (0 while unknown); the pins and their releases by reason only from the
+plugin's side channel.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from agentmars.sdk.events import AnyEvent
@@ -59,6 +60,13 @@ class GatewayCollector(Collector):
         yield self._gauge("agentmars_kv_free_blocks", "KV blocks free", kv.free_blocks)
         yield self._gauge("agentmars_kv_used_blocks", "KV blocks in use", kv.used_blocks)
         yield self._gauge("agentmars_kv_pinned_blocks", "KV blocks pinned", kv.pinned_blocks)
+        yield self._gauge("agentmars_kv_pins", "Sessions holding pinned KV", kv.pins)
+        released = CounterMetricFamily(
+            "agentmars_kv_pins_released", "Pins released, by reason", labels=["policy", "reason"]
+        )
+        for reason, count in sorted(kv.released.items()):
+            released.add_metric([self.policy, reason], count)
+        yield released
 
 
 class GatewayMetrics:

@@ -82,9 +82,8 @@ class Upstream:
         await self.client.aclose()
 
     async def models(self) -> httpx.Response:
-        """The engine's ``GET /v1/models`` answer, cached for ``models_ttl_s``."""
-        if self._models is not None and time.monotonic() - self._models[0] < self.models_ttl_s:
-            return self._models[1]
+        """The engine's ``GET /v1/models`` answer, asked now (a client listing models
+        learns whether the engine is up); it refreshes the cache ``model_ids`` reads."""
         try:
             # A short read timeout too: listing models is instant on a healthy engine.
             response = await self.client.get("/v1/models", timeout=MODELS_TIMEOUT_S)
@@ -95,8 +94,15 @@ class Upstream:
             self._ids = None
         return response
 
+    async def _cached_models(self) -> httpx.Response:
+        if self._models is not None and time.monotonic() - self._models[0] < self.models_ttl_s:
+            return self._models[1]
+        return await self.models()
+
     async def model_ids(self) -> set[str]:
-        response = await self.models()
+        """The ids of the models the engine serves, from an answer at most
+        ``models_ttl_s`` old (checked on every completion: no round trip each time)."""
+        response = await self._cached_models()
         if self._ids is not None and response.status_code == 200:
             return self._ids  # parsed from the cached answer already
         try:
@@ -149,26 +155,29 @@ def forwarded_body(body: Mapping[str, Any], meta: CallMeta, turn: int) -> dict[s
     """The request as the engine gets it: session metadata in ``session_id`` and
     ``vllm_xargs`` (0/1 ints: vLLM's extra_args take str / int / float), and an
     explicit ``priority``: the client's, else 0 (vLLM 0.32 orders by it only under
-    ``--scheduling-policy priority``; the plugin orders calls by the policy itself)."""
+    ``--scheduling-policy priority``; the plugin orders calls by the policy itself).
+
+    A call that named no session goes on naming none: its one-call session ends with
+    it, and a session id would let the plugin pin KV that no next call will use."""
     xargs = {
         **(body.get("vllm_xargs") or {}),
-        "session_id": meta.session_id,
         "turn": turn,
         "follows_tool": int(meta.follows_tool),
         "expects_tool": int(meta.expects_tool),
     }
-    return {
-        **body,
-        "session_id": meta.session_id,
-        "vllm_xargs": xargs,
-        "priority": body.get("priority", 0),
-    }
+    forwarded = {**body, "vllm_xargs": xargs, "priority": body.get("priority", 0)}
+    if not meta.ephemeral:
+        xargs["session_id"] = forwarded["session_id"] = meta.session_id
+    return forwarded
 
 
 def forwarded_headers(request: Request, meta: CallMeta) -> dict[str, str]:
     headers = {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k)) is not None}
     # identity: the relay parses the SSE bytes it passes on.
-    return {**headers, SESSION_HEADER: meta.session_id, "accept-encoding": "identity"}
+    headers["accept-encoding"] = "identity"
+    if not meta.ephemeral:  # see forwarded_body
+        headers[SESSION_HEADER] = meta.session_id
+    return headers
 
 
 async def unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:

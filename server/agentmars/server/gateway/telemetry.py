@@ -3,11 +3,11 @@
 
 The gateway does not see inside the engine: ``running``, ``waiting`` and ``pins`` are
 empty here (the scheduler plugin decides on those inside vLLM). It counts the
-sessions it admitted and the tools in flight from the tool events of the stream, and
-takes KV figures from a ``KVSource``. The default source, ``LatestKVStats``, reads the
-newest ``kv_stats`` event of the stream (the plugin's side channel, or anyone with the
-token, can post them to ``POST /v1/events``); until one arrives every KV figure is 0
-(unknown). A plugin bridge may pass any object with ``kv_figures()`` instead.
+sessions it admitted and the tools in flight from the tool events of the stream
+(``ToolActivity``), and takes KV figures from a ``KVSource``: the plugin's side channel
+(``plugin_link.PluginLink``) when the gateway runs in front of the plugin, else the
+newest ``kv_stats`` event of the stream (``LatestKVStats``: anyone with the token can
+post them to ``POST /v1/events``); until figures arrive every KV figure is 0 (unknown).
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from agentmars.sdk.events import AnyEvent, KVStats
 from agentmars.server.policies.interface import CallView, PinView
-
-EMA_WEIGHT = 0.2
-"""Weight of the newest tool duration in the per-kind moving average (our choice:
-about the last five calls dominate)."""
+from agentmars.server.tool_activity import ToolActivity, ToolFigures
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +32,10 @@ class KVFigures:
     free_blocks: int = 0
     used_blocks: int = 0
     pinned_blocks: int = 0
+    pins: int = 0
+    """Sessions holding pinned blocks (the plugin's figure; 0 from ``kv_stats`` events)."""
+    released: Mapping[str, int] = field(default_factory=dict)
+    """Pins released so far, by reason (the plugin's ``pins.ReleaseReason``)."""
 
 
 class KVSource(Protocol):
@@ -71,7 +72,7 @@ class UnknownCosts:
         return 0.0
 
 
-class GatewayView:
+class GatewayView(ToolFigures):
     """An ``EngineView`` built from what the gateway sees (module docstring)."""
 
     def __init__(
@@ -89,9 +90,7 @@ class GatewayView:
         self.tool_cores = tool_cores if tool_cores is not None else os.cpu_count() or 1
         self.active_sessions_of: Callable[[], int] = lambda: 0
         """Set by the admission that owns the sessions."""
-        self._queued: set[tuple[str, str]] = set()
-        self._active: set[tuple[str, str]] = set()
-        self._ema: dict[str, float] = {}
+        self.tools = ToolActivity()
         self.costs = UnknownCosts()
         self.cpu_total_blocks = 0
         self.cpu_free_blocks = 0
@@ -123,21 +122,9 @@ class GatewayView:
     def active_sessions(self) -> int:
         return self.active_sessions_of()
 
-    @property
-    def active_tools(self) -> int:
-        return len(self._active)
-
-    @property
-    def queued_tools(self) -> int:
-        return len(self._queued)
-
-    @property
-    def tool_ema_s(self) -> Mapping[str, float]:
-        return self._ema
-
     def runs_tools(self, session_id: str) -> bool:
         """The session has a tool call queued or running."""
-        return any(s == session_id for s, _ in self._active | self._queued)
+        return self.tools.runs_tools(session_id)
 
     def pin_of(self, session_id: str) -> PinView | None:
         return None
@@ -146,24 +133,7 @@ class GatewayView:
         return math.ceil(tokens / self.block_size)
 
     def observe(self, event: AnyEvent) -> None:
-        """Follow tool and KV events (tool calls keyed by session and call id)."""
+        """Follow tool and KV events."""
         if event.kind == "kv_stats":
             self.latest_kv.observe(event)
-        elif event.kind == "session_end":
-            # A session's tool that never reported its end is over with the session.
-            self._queued = {key for key in self._queued if key[0] != event.session_id}
-            self._active = {key for key in self._active if key[0] != event.session_id}
-        elif event.kind == "tool_enqueue":
-            self._queued.add((event.session_id, event.call_id))
-        elif event.kind == "tool_start":
-            self._queued.discard((event.session_id, event.call_id))
-            self._active.add((event.session_id, event.call_id))
-        elif event.kind == "tool_end":
-            self._queued.discard((event.session_id, event.call_id))
-            self._active.discard((event.session_id, event.call_id))
-            previous = self._ema.get(event.tool)
-            self._ema[event.tool] = (
-                event.duration_s
-                if previous is None
-                else EMA_WEIGHT * event.duration_s + (1 - EMA_WEIGHT) * previous
-            )
+        self.tools.observe(event)

@@ -47,6 +47,7 @@ class Continuum(Policy):
 
     name = "continuum"
     variant = "vllm-continuum released code: fixed TTL 2.0 s for tools with mean duration <= 2.0 s"
+    priority_reads_pins_only = True
 
     def __init__(self, ttl_s: float = 2.0) -> None:
         if ttl_s <= 0:

@@ -251,6 +251,11 @@ class Policy:
     reserve_full_prompt: bool = True
     """Admit a waiting call only if blocks for its whole remaining prompt are free now
     (vLLM 0.32's ``scheduler_reserve_full_isl``); else ``chunk`` decides alone."""
+    priority_reads_pins_only: ClassVar[bool] = False
+    """``priority`` reads only the call and which sessions hold pins (nothing else that
+    changes while a call waits), so an engine may keep the waiting order until the
+    queue or the pins change (the vLLM plugin does: sorting at every step is a tenth
+    of ``schedule()``); else it asks again at every step."""
 
     def on_event(self, event: Event) -> None:
         """Every event of the information stream, in time order."""

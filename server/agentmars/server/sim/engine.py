@@ -51,13 +51,11 @@ from agentmars.server.metrics.records import (
     ToolRecord,
 )
 from agentmars.server.policies.interface import (
-    CostEstimator,
-    Offload,
-    Pin,
     Policy,
     SessionAction,
 )
 from agentmars.server.sim.cost_model import CostModel, Profile
+from agentmars.server.sim.engine_view import KVEngineView
 from agentmars.server.sim.entities import Call, Session
 from agentmars.server.sim.entities import Pin as PinEntity
 from agentmars.server.sim.host_cpu import HostCPU
@@ -114,7 +112,7 @@ class _Event:
     arg: Any = field(compare=False, default=None)
 
 
-class SimEngine:
+class SimEngine(KVEngineView):
     """Runs one workload under one policy; it is also the policy's ``EngineView``."""
 
     def __init__(
@@ -195,50 +193,7 @@ class SimEngine:
                 f"e.g. {too_long[0]!r}; build the workload with max_context set to it"
             )
 
-    # --- EngineView ------------------------------------------------------------------------
-
-    @property
-    def block_size(self) -> int:
-        return self.kv.block_size
-
-    @property
-    def total_blocks(self) -> int:
-        return self.kv.pool.num_blocks
-
-    @property
-    def free_blocks(self) -> int:
-        return self.kv.pool.num_free
-
-    @property
-    def pinned_blocks(self) -> int:
-        return self.kv.pinned_blocks
-
-    @property
-    def cpu_total_blocks(self) -> int:
-        return self.kv.cpu.capacity if self.kv.cpu is not None else 0
-
-    @property
-    def cpu_free_blocks(self) -> int:
-        return self.kv.cpu.capacity - self.kv.cpu.used if self.kv.cpu is not None else 0
-
-    @property
-    def max_num_seqs(self) -> int:
-        return self.scheduler.max_num_seqs
-
-    @property
-    def running(self) -> Sequence[Call]:
-        return self.scheduler.running
-
-    @property
-    def waiting(self) -> Sequence[Call]:
-        return self.scheduler.waiting
-
-    @property
-    def pins(self) -> Sequence[PinEntity]:
-        return list(self.kv.pins.values())
-
-    def pin_of(self, session_id: str) -> PinEntity | None:
-        return self.kv.pins.get(session_id)
+    # --- EngineView (the rest is KVEngineView's) ------------------------------------------
 
     @property
     def active_sessions(self) -> int:
@@ -259,13 +214,6 @@ class SimEngine:
     @property
     def tool_ema_s(self) -> Mapping[str, float]:
         return self._tool_ema
-
-    @property
-    def costs(self) -> CostEstimator:
-        return self.cost
-
-    def blocks_for(self, tokens: int) -> int:
-        return self.kv.blocks_for(tokens)
 
     # --- the event loop ------------------------------------------------------------------
 
@@ -546,14 +494,11 @@ class SimEngine:
         last = session.turn == len(session.spec.turns) - 1
         decision = self.policy.on_call_finished(call, self) if not last else None
         freed = len(call.blocks)
-        if isinstance(decision, Pin) and not session.paused:
-            pin = self.kv.pin(call, self.now, decision.ttl_s)
+        pin = self.keep_or_free(call, decision, self.now)
+        if pin is not None:
             freed -= pin.blocks
             if pin.expires_s is not None:
                 self._push(pin.expires_s, _Rank.PIN_EXPIRY, self._on_pin_expiry, pin)
-        elif isinstance(decision, Offload):
-            self.kv.store_to_cpu(session, call.num_hashed_blocks)
-        self.kv.free(call)
         self._emit(
             LLMEnd(
                 session_id=call.session_id,
@@ -652,12 +597,8 @@ class SimEngine:
             session = self._sessions.get(action.session_id)
             if session is None:
                 continue
-            if action.kind == "unpin":
-                self.kv.unpin(session.session_id)
-            elif action.kind == "offload":
-                pin = self.kv.unpin(session.session_id)
-                if pin is not None:
-                    self.kv.store_to_cpu(session, pin.blocks)
+            if action.kind in ("unpin", "offload"):
+                self.drop_pin(session, offload=action.kind == "offload")
             elif action.kind == "pause":
                 self._pause(session)
             elif action.kind == "resume":

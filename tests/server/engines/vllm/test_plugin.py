@@ -7,7 +7,6 @@ with Continuum and a 64-block KV cache for the pins."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import textwrap
@@ -20,14 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
-from agentmars.server.background import serve_in_subprocess
 from agentmars.server.engines.vllm.kv_status import KVStatusPublisher
 from agentmars.server.engines.vllm.launch import (
     CPU_BLOCK_SIZE,
     SERVED_MODEL_NAME,
     VllmServerConfig,
-    server_argv,
-    server_env,
+    serve_vllm,
 )
 from agentmars.server.engines.vllm.plugin_config import (
     PluginConfig,
@@ -36,8 +33,8 @@ from agentmars.server.engines.vllm.plugin_config import (
 )
 from agentmars.server.engines.vllm.preemption import steer_victim
 from agentmars.server.engines.vllm.smoke import metric_total, model_vocab_size, random_prompt
+from tests.server.engines.vllm.helpers import PLUGIN, kv_status, released, tiny_model_dir
 
-PLUGIN = "agentmars.server.engines.vllm.plugin.AgentmarsScheduler"
 TIMEOUT_S = 120.0
 
 # --- configuration (no vLLM needed) ----------------------------------------------------
@@ -55,6 +52,7 @@ def test_config_defaults_to_fcfs_without_status() -> None:
     config = PluginConfig.from_env({})
     assert (config.policy, dict(config.settings), config.policy_modules) == ("fcfs", {}, ())
     assert (config.status_file, config.status_address, config.status_hz) == (None, None, 10.0)
+    assert config.hints_address is None
     assert config.make_policy().name == "fcfs"
 
 
@@ -67,9 +65,11 @@ def test_config_reads_policy_settings_modules_and_status() -> None:
             "AGENTMARS_KV_STATUS_FILE": "/tmp/kv.json",
             "AGENTMARS_KV_STATUS_ADDR": "tcp://127.0.0.1:5601",
             "AGENTMARS_KV_STATUS_HZ": "20",
+            "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints",
         }
     )
     assert config.policy_modules == ("json", "textwrap")
+    assert config.hints_address == "ipc:///tmp/hints"
     assert (config.status_file, config.status_address, config.status_hz) == (
         "/tmp/kv.json",
         "tcp://127.0.0.1:5601",
@@ -202,30 +202,13 @@ TEST_POLICY = textwrap.dedent(
 
 
 @pytest.fixture(scope="session")
-def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    done = subprocess.run(
-        [vllm_python, "-m", "agentmars.server.engines.vllm.tiny_model"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return Path(done.stdout.strip().splitlines()[-1])
+def tiny_model(vllm_python: Path) -> Path:
+    return tiny_model_dir(vllm_python)
 
 
 @pytest.fixture(scope="session")
 def vocab_size(tiny_model: Path) -> int:
     return model_vocab_size(tiny_model)
-
-
-def _serve(config: VllmServerConfig, env: dict[str, str], log: Path) -> Any:
-    return serve_in_subprocess(
-        server_argv(config),
-        env={**server_env(config), **env},
-        health_path="/health",
-        startup_timeout_s=600.0,
-        log_path=log,
-        stop_grace_s=30.0,
-    )
 
 
 @pytest.fixture(scope="class")
@@ -253,7 +236,7 @@ def ordering_server(
         "AGENTMARS_POLICY_MODULES": TEST_POLICY_MODULE,
         "AGENTMARS_KV_STATUS_FILE": str(folder / "kv.json"),
     }
-    with _serve(config, env, folder / "server.log") as base_url:
+    with serve_vllm(config, folder / "server.log", env=env) as base_url:
         yield base_url, folder / "kv.json"
 
 
@@ -304,11 +287,12 @@ def test_plugin_import_loads_no_more_of_agentmars_than_it_uses(vllm_python: Path
     packages = {"agentmars.server", "agentmars.server.engines", "agentmars.server.engines.vllm"}
     plugin = {
         f"agentmars.server.engines.vllm.{name}"
-        for name in ("plugin", "plugin_config", "kv_status", "pins", "preemption", "views")
+        for name in ("plugin", "plugin_config", "kv_status", "hints", "pins", "preemption", "views")
     }
     policies = {f"agentmars.server.policies{name}" for name in ("", ".interface", ".registry")}
     server = {module for module in loaded if module.startswith("agentmars.server")}
-    assert server == packages | plugin | policies
+    tools = {"agentmars.server.tool_activity"}  # the view's tool figures (side channel)
+    assert server == packages | plugin | policies | tools
 
 
 class TestOrderingServer:
@@ -410,21 +394,8 @@ def pinning_server(
         # Serves POST /reset_prefix_cache.
         "VLLM_SERVER_DEV_MODE": "1",
     }
-    with _serve(config, env, folder / "server.log") as base_url:
+    with serve_vllm(config, folder / "server.log", env=env) as base_url:
         yield base_url, status
-
-
-def kv_status(path: Path, newer_than: float | None = None) -> dict[str, Any]:
-    """The plugin's KV figures, sampled after ``newer_than`` (default: now)."""
-    newer_than = time.time() if newer_than is None else newer_than
-    deadline = time.monotonic() + 10.0
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
-            figures: dict[str, Any] = json.loads(path.read_text())
-            if figures["time"] > newer_than:
-                return figures
-        time.sleep(0.02)
-    raise AssertionError(f"no fresh KV status in {path}")
 
 
 @pytest.fixture
@@ -436,12 +407,6 @@ def kv(pinning_server: tuple[str, Path]) -> Iterator[tuple[httpx.Client, Path]]:
         figures = kv_status(status)
         assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
         yield client, status
-
-
-def _released(figures: dict[str, Any], before: dict[str, Any]) -> dict[str, int]:
-    """Pins released between two status samples, by reason (reasons with none left out)."""
-    counts = {reason: n - before["released"][reason] for reason, n in figures["released"].items()}
-    return {reason: n for reason, n in counts.items() if n}
 
 
 def _hits(client: httpx.Client) -> float:
@@ -487,7 +452,7 @@ class TestPinningServer:
         context = random_prompt(CONTEXT_TOKENS, vocab_size, seed=11)
         _turn(client, context, "pinned")
         figures = kv_status(status)
-        assert _released(figures, start) == {}
+        assert released(figures, start) == {}
         assert (figures["pinned"], figures["pins"]) == (CONTEXT_BLOCKS, 1)
         assert figures["free"] == USABLE_BLOCKS - CONTEXT_BLOCKS
         _displace(client, vocab_size)
@@ -495,7 +460,7 @@ class TestPinningServer:
         _turn(client, context + random_prompt(20, vocab_size, seed=12), "pinned", turn=1)
         assert _hits(client) - before == CONTEXT_BLOCKS * CPU_BLOCK_SIZE  # 1,280 tokens
         # Its next call took over the blocks, and pinned them again when it ended.
-        assert _released(kv_status(status), figures) == {"next_call": 1}
+        assert released(kv_status(status), figures) == {"next_call": 1}
 
         # A call of no session is never pinned: the same traffic evicts all of its blocks.
         other = random_prompt(CONTEXT_TOKENS, vocab_size, seed=13)
@@ -522,7 +487,7 @@ class TestPinningServer:
         figures = kv_status(status)
         assert figures["time"] - pinned_at > PIN_TTL_S
         assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
-        assert _released(figures, pinned) == {"expired": 1}
+        assert released(figures, pinned) == {"expired": 1}
 
     @pytest.mark.slow
     def test_pins_go_under_pressure_before_any_preemption(
@@ -539,7 +504,7 @@ class TestPinningServer:
         assert metric_total(client.get("/metrics").text, "vllm:num_preemptions") == preemptions
         figures = kv_status(status)
         assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
-        assert _released(figures, pinned) == {"pressure": 1}
+        assert released(figures, pinned) == {"pressure": 1}
 
     @pytest.mark.slow
     def test_next_call_takes_over_the_pin_and_an_aborted_call_leaves_none(
@@ -563,7 +528,7 @@ class TestPinningServer:
             running = kv_status(status)
             # The running call holds the blocks itself now; the pin is gone.
             assert (running["pinned"], running["pins"]) == (0, 0)
-            assert _released(running, pinned) == {"next_call": 1}
+            assert released(running, pinned) == {"next_call": 1}
         # Leaving the block closed the connection: vLLM aborts the call, which pins nothing
         # (a call that ran to its end would have pinned again).
         _wait_for_metric(str(client.base_url).rstrip("/"), "vllm:num_requests_running", 0.0)
@@ -582,7 +547,7 @@ class TestPinningServer:
         assert client.post("/reset_prefix_cache").status_code == 200
         figures = kv_status(status)
         assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
-        assert _released(figures, pinned) == {"reset": 1}
+        assert released(figures, pinned) == {"reset": 1}
         before = _hits(client)
         _turn(client, context, "reset", turn=1)
         assert _hits(client) - before == 0  # the reset emptied the cache, pins included

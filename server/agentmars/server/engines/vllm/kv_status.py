@@ -27,10 +27,11 @@ ZMQ_TOPIC = b"agentmars.kv"
 Snapshot = Callable[[], dict[str, Any]]
 
 
-def _bind(address: str) -> Any:
-    import zmq  # type: ignore[import-not-found]  # vLLM's dependency: the engine has it
+def bind_socket(kind: str, address: str) -> Any:
+    """A ZMQ socket of ``kind`` (``"PUB"``, ``"PULL"``) bound to ``address``."""
+    import zmq  # vLLM's dependency: the engine has it
 
-    socket = zmq.Context.instance().socket(zmq.PUB)
+    socket: Any = zmq.Context.instance().socket(getattr(zmq, kind))
     socket.bind(address)
     return socket
 
@@ -53,7 +54,7 @@ class KVStatusPublisher:
         # Bound here, so a bad or busy address stops the engine's start with vLLM's
         # error; from then on only the thread uses the socket (ZMQ allows handing a
         # socket to another thread once).
-        self._socket = _bind(address) if address else None
+        self._socket = bind_socket("PUB", address) if address else None
         self._interval_s = 1.0 / hz
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentmars-kv-status", daemon=True)

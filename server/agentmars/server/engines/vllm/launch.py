@@ -14,7 +14,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,16 +91,25 @@ def server_env(config: VllmServerConfig) -> dict[str, str]:
 
 @contextlib.contextmanager
 def serve_vllm(
-    config: VllmServerConfig, log_path: Path, startup_timeout_s: float = STARTUP_TIMEOUT_S
+    config: VllmServerConfig,
+    log_path: Path,
+    startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    *,
+    env: Mapping[str, str] | None = None,
+    port: int | None = None,
 ) -> Iterator[str]:
     """Run a server until the block ends; yields its base URL once ``/health`` answers.
 
-    Its output goes to ``log_path``. On exit its whole process group (API server,
-    engine core, worker) is stopped, so nothing is orphaned.
+    ``env``: variables on top of the caller's environment (the plugin's
+    ``AGENTMARS_*`` settings); ``port``: the port to listen on (default: a free one; a
+    fixed one lets a restarted server come back where its clients expect it). Its
+    output goes to ``log_path``. On exit its whole process group (API server, engine
+    core, worker) is stopped, so nothing is orphaned.
     """
     with serve_in_subprocess(
         server_argv(config),
-        env=server_env(config),
+        env={**server_env(config), **(env or {})},
+        port=port,
         health_path="/health",
         startup_timeout_s=startup_timeout_s,
         log_path=log_path,

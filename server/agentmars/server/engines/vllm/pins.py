@@ -12,17 +12,20 @@ are vLLM's ``KVCacheBlock`` objects, handled through the pool they came from.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, get_args
 
 ReleaseReason = Literal[
-    "next_call", "replaced", "expired", "pressure", "ended", "reset", "shutdown"
+    "next_call", "replaced", "expired", "pressure", "ended", "session_end", "reset", "shutdown"
 ]
 """Why a pin went: its session's next call got its blocks, a newer pin of the session
 replaced it, its TTL was up, an allocation needed the blocks, its session's call ended
-badly (aborted or failed), the prefix cache was reset, the engine shut down."""
+badly (aborted or failed), the gateway said the session ended (``hints``), the prefix
+cache was reset, the engine shut down."""
 
 
 class BlockPoolLike(Protocol):
@@ -66,6 +69,13 @@ class PinTable:
         # scheduler counts, and a dict that gains no keys can be copied meanwhile.
         self.released: Counter[ReleaseReason] = Counter(dict.fromkeys(get_args(ReleaseReason), 0))
         """Pins released so far, by reason."""
+        # Pins with a TTL by expiry (a heap; entries of released pins are skipped when
+        # they come up): the check at every step looks at the first one only.
+        self._expiries: list[tuple[float, int, Pin]] = []
+        self._order = itertools.count()
+        self.changes = 0
+        """Pins taken or released so far (a pin replaced by its session's next counts
+        too): equal counts mean the same sessions hold pins."""
 
     def pin(
         self,
@@ -92,12 +102,22 @@ class PinTable:
         )
         self.pins[session_id] = pin
         self.pinned_blocks += pin.blocks
+        self.changes += 1
+        if pin.expires_s is not None:
+            heapq.heappush(self._expiries, (pin.expires_s, next(self._order), pin))
+            if len(self._expiries) > 2 * len(self.pins) + 64:
+                # Entries of released pins pile up under a long TTL: keep the live ones.
+                self._expiries = [
+                    e for e in self._expiries if self.pins.get(e[2].session_id) is e[2]
+                ]
+                heapq.heapify(self._expiries)
         return pin
 
     def release(self, session_id: str, reason: ReleaseReason) -> Pin | None:
         """Give the session's blocks back to the prefix cache (None: it had no pin)."""
         pin = self.pins.pop(session_id, None)
         if pin is not None:
+            self.changes += 1
             self.released[reason] += 1
             # Last block first, as vLLM frees a request's blocks: the tail of a context
             # is evicted before its head, so a later call still hits the longest prefix.
@@ -106,12 +126,13 @@ class PinTable:
         return pin
 
     def release_expired(self, now: float) -> list[Pin]:
-        """Release the pins whose time is up."""
-        due = [
-            pin for pin in self.pins.values() if pin.expires_s is not None and pin.expires_s <= now
-        ]
-        for pin in due:
-            self.release(pin.session_id, "expired")
+        """Release the pins whose time is up, earliest expiry first."""
+        due = []
+        while self._expiries and self._expiries[0][0] <= now:
+            pin = heapq.heappop(self._expiries)[2]
+            if self.pins.get(pin.session_id) is pin:
+                self.release(pin.session_id, "expired")
+                due.append(pin)
         return due
 
     def release_all(self, reason: ReleaseReason) -> int:
@@ -119,6 +140,7 @@ class PinTable:
         count = len(self.pins)
         for session_id in list(self.pins):
             self.release(session_id, reason)
+        self._expiries.clear()
         return count
 
     def get(self, session_id: str) -> Pin | None:

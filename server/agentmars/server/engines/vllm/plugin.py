@@ -15,14 +15,17 @@ and choose the policy with ``AGENTMARS_POLICY`` (``plugin_config``). What it cha
   ``on_call_finished`` may ``Pin`` its hashed blocks for its session; the pin goes when
   the session's next call gets its blocks, when its TTL is up (checked at the top of
   ``schedule()``), under allocation pressure before any preemption (the policy's
-  ``reclaim`` order), on ``reset_prefix_cache()`` and on ``shutdown()``. An aborted or
-  failed call drops its session's pin.
+  ``reclaim`` order), when the gateway says the session ended, on
+  ``reset_prefix_cache()`` and on ``shutdown()``. An aborted or failed call drops its
+  session's pin.
 - Chunk size: ``_reserve_prefill_lookahead`` caps a prompt's chunk by the policy's
   ``chunk``.
 - Preemption victim: the policy's ``victim`` is put where vLLM's FCFS preemption takes
   it (``preemption``).
-- KV figures (free, pinned, used, total blocks, pins, releases, steps) published at
-  10 Hz (``kv_status``).
+- The side channel to the gateway: KV figures (free, pinned, used, total blocks, pins,
+  releases, steps) published at 10 Hz (``kv_status``); the stream's events in
+  (``hints``), handed to the policy's ``on_event`` and to the view's tool figures at
+  the top of each ``schedule()``.
 
 docs/vllm-plugin.md says what each decision point sees and where it differs from the
 simulated engine.
@@ -34,6 +37,7 @@ outside the supported series before touching any of vLLM's internals.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import time
 from collections.abc import Sequence
@@ -54,17 +58,21 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy  # type: ignore[im
 from vllm.v1.core.sched.scheduler import Scheduler  # type: ignore[import-not-found]  # noqa: E402
 from vllm.v1.request import RequestStatus  # type: ignore[import-not-found]  # noqa: E402
 
+from agentmars.server.engines.vllm.hints import HintInbox  # noqa: E402
 from agentmars.server.engines.vllm.kv_status import KVStatusPublisher  # noqa: E402
 from agentmars.server.engines.vllm.pins import PinTable  # noqa: E402
 from agentmars.server.engines.vllm.preemption import steer_victim  # noqa: E402
 from agentmars.server.engines.vllm.views import SchedulerView, SessionBook, session_of  # noqa: E402
-from agentmars.server.policies.interface import CallView, Pin  # noqa: E402
+from agentmars.server.policies.interface import CallView, Pin, Policy  # noqa: E402
 
 # A child of vLLM's logger, so the plugin's lines go where vLLM's go.
 logger = logging.getLogger("vllm.agentmars.plugin")
 
 NORMAL_ENDS = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
 """Finished calls whose session goes on (aborted, ignored or failed calls do not pin)."""
+
+ARRIVAL_ORDER = operator.attrgetter("arrival_time", "request_id")
+"""The waiting order under the default ``Policy.priority``."""
 
 MAX_STEPS_IN_FLIGHT = 8
 """Steps scheduled and not yet answered, at most (1 synchronous, 2 asynchronous, more
@@ -90,16 +98,38 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         self.session_book = SessionBook()
         self.engine_view = SchedulerView(self, self.pin_table, self.session_book)
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
-        # allocate_slots is where both of schedule()'s loops learn that KV is short, right
-        # before they preempt: wrapping it lets pins go first.
-        self.kv_cache_manager.allocate_slots = self._allocate_slots
+        self._install_hooks()
         self._step_started: dict[int, float] = {}
         self.steps = 0
         """Steps that scheduled any token."""
         self._status = self._start_status(config)
+        self._hints = HintInbox(config.hints_address) if config.hints_address else None
         logger.info(
             "agentmars policy %s %s", self.agentmars_policy.name, self.agentmars_policy.settings()
         )
+
+    def _install_hooks(self) -> None:
+        """Hook vLLM where the policy decides. Where it keeps the default decision,
+        which is vLLM's own, vLLM's method runs unhooked: hooks vLLM calls for every
+        scheduled call add up to a tenth of ``schedule()`` (bench_schedule)."""
+        policy = type(self.agentmars_policy)
+        # The default priority is the arrival (then, as for every policy, the request
+        # id): the same order, read from the requests without building their views.
+        self._arrival_order = policy.priority is Policy.priority
+        # The queue is left as it is while it holds the same calls in the order of the
+        # last sort and, for a priority that reads pins, the same sessions hold pins.
+        self._keep_order = self._arrival_order or policy.priority_reads_pins_only
+        self._last_order: tuple[list[Any], int] = ([], -1)
+        if policy.chunk is Policy.chunk:
+            self._reserve_prefill_lookahead = super()._reserve_prefill_lookahead  # type: ignore[method-assign]
+        # The default victim is the last running call, the one vLLM takes anyway.
+        self._steers_victims = policy.victim is not Policy.victim
+        # The default on_call_finished never pins.
+        pins = policy.on_call_finished is not Policy.on_call_finished
+        if pins or self._steers_victims:
+            # allocate_slots is where both of schedule()'s loops learn that KV is short,
+            # right before they preempt: wrapping it lets pins go first.
+            self.kv_cache_manager.allocate_slots = self._allocate_slots
 
     def _start_status(self, config: PluginConfig) -> KVStatusPublisher | None:
         if config.status_file is None and config.status_address is None:
@@ -130,6 +160,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     # --- scheduling --------------------------------------------------------------------
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self._take_hints()
         self.pin_table.release_expired(self.engine_view.now)
         self._order_waiting()
         output = super().schedule(*args, **kwargs)
@@ -140,28 +171,46 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             del self._step_started[next(iter(self._step_started))]
         return output
 
+    def _take_hints(self) -> None:
+        """The gateway's events since the last step: to the policy, to the view's tool
+        figures, and a session's end releases its pin."""
+        if self._hints is None:
+            return
+        for event in self._hints.drain():
+            self.agentmars_policy.on_event(event)
+            self.engine_view.tools.observe(event)
+            if event.kind == "session_end":
+                self.pin_table.release(event.session_id, "session_end")
+                self.session_book.forget_session(event.session_id)
+
     def _order_waiting(self) -> None:
         if len(self.waiting) < 2:
             return
-        view, policy = self.engine_view, self.agentmars_policy
-        ordered = sorted(
-            self.waiting,
-            key=lambda request: (
-                policy.priority(view.call(request), view),
-                request.arrival_time,
-                request.request_id,
-            ),
-        )
+        if self._keep_order and self._last_order == (list(self.waiting), self.pin_table.changes):
+            return
+        if self._arrival_order:
+            ordered = sorted(self.waiting, key=ARRIVAL_ORDER)
+        else:
+            view, priority = self.engine_view, self.agentmars_policy.priority
+            ordered = sorted(
+                self.waiting,
+                key=lambda request: (
+                    priority(view.call(request), view),
+                    request.arrival_time,
+                    request.request_id,
+                ),
+            )
         self.waiting.clear()
         self.waiting.extend(ordered)
+        self._last_order = (ordered, self.pin_table.changes)
 
     def _reserve_prefill_lookahead(
         self, request: Any, num_computed_tokens: int, num_new_tokens: int
     ) -> int:
         """vLLM's last word on a chunk's size before it allocates, in both of
         ``schedule()``'s loops: the policy's ``chunk`` caps a prompt's chunk here."""
-        tokens = int(
-            super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+        tokens: int = super()._reserve_prefill_lookahead(
+            request, num_computed_tokens, num_new_tokens
         )
         if tokens == 0 or num_computed_tokens >= request.num_prompt_tokens:
             return tokens
@@ -191,11 +240,12 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         blocks = self._stock_allocate_slots(request, *args, **kwargs)
         if blocks is None:
             blocks = self._reclaim_and_retry(request, *args, **kwargs)
-        if blocks is None:
+        if blocks is None and self._steers_victims:
             # vLLM preempts the last running call next: make it the policy's victim.
             steer_victim(self.running, request, self._choose_victim)
-        session_id = session_of(request)
-        if blocks is not None and session_id is not None:
+        pins = self.pin_table.pins
+        # Most allocations are decode steps while no pin is held: check that first.
+        if blocks is not None and pins and (session_id := session_of(request)) in pins:
             # The call holds its own references to the shared blocks now.
             self.pin_table.release(session_id, "next_call")
         return blocks
@@ -227,7 +277,11 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     def _settle_finished(self, request: Any) -> None:
         """Pin the finished call's hashed blocks if the policy says so; this runs before
         vLLM drops the call's own references, so the blocks never reach the free queue."""
+        self._pin_if_asked(request)
+        # Only now: the policy has seen the call, its service time included.
         self.session_book.forget_request(request.request_id)
+
+    def _pin_if_asked(self, request: Any) -> None:
         session_id = session_of(request)
         if session_id is None:
             return
@@ -267,6 +321,8 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         logger.info("agentmars: released %d pins at shutdown", released)
         if self._status is not None:
             self._status.stop()
+        if self._hints is not None:
+            self._hints.stop()
         super().shutdown()
 
 

@@ -10,6 +10,8 @@ the way in), and the vLLM versions the plugin supports. Imports no vLLM.
 - ``AGENTMARS_KV_STATUS_ADDR``: publish them on a ZMQ PUB socket bound here
   (e.g. ``tcp://127.0.0.1:5601`` or ``ipc:///tmp/agentmars-kv``).
 - ``AGENTMARS_KV_STATUS_HZ``: how often (default 10 per second).
+- ``AGENTMARS_HINTS_ADDR``: receive the gateway's events (tool state, session ends) on
+  a ZMQ PULL socket bound here (``hints``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class PluginConfig:
     status_file: str | None = None
     status_address: str | None = None
     status_hz: float = DEFAULT_STATUS_HZ
+    hints_address: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> PluginConfig:
@@ -67,6 +70,7 @@ class PluginConfig:
             status_file=env.get("AGENTMARS_KV_STATUS_FILE") or None,
             status_address=env.get("AGENTMARS_KV_STATUS_ADDR") or None,
             status_hz=_positive(env.get("AGENTMARS_KV_STATUS_HZ"), DEFAULT_STATUS_HZ),
+            hints_address=env.get("AGENTMARS_HINTS_ADDR") or None,
         )
 
     def make_policy(self) -> Policy:

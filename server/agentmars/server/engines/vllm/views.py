@@ -18,35 +18,43 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentmars.server.engines.vllm.pins import Pin, PinTable
+from agentmars.server.tool_activity import ToolActivity, ToolFigures
 
 if TYPE_CHECKING:
     from agentmars.server.policies.interface import CallView, CostEstimator
 
 SESSION_MEMORY = 65_536
-"""Sessions whose first arrival is remembered (ours: the plugin never hears a session
-end, so the oldest are forgotten past this many; a forgotten session that comes back
-counts as new)."""
+"""Sessions whose first arrival is remembered (ours: without the gateway's side channel
+the plugin never hears a session end, so the oldest are forgotten past this many; a
+forgotten session that comes back counts as new)."""
 
 
 def _xargs(request: Any) -> Mapping[str, Any]:
     params = request.sampling_params
     extra = getattr(params, "extra_args", None) if params is not None else None
-    return extra if isinstance(extra, Mapping) else {}
+    # A dict check (vLLM's type), not Mapping: the ABC check cost more than the rest of
+    # this, which runs for every waiting call at every step (bench_schedule).
+    return extra if isinstance(extra, dict) else {}
+
+
+def _named_session(xargs: Mapping[str, Any], request: Any) -> str | None:
+    named = xargs.get("session_id") or request.session_id
+    return str(named) if named else None
 
 
 def session_of(request: Any) -> str | None:
     """The session a request belongs to, if it names one."""
-    named = _xargs(request).get("session_id") or request.session_id
-    return str(named) if named else None
+    return _named_session(_xargs(request), request)
 
 
 class SessionBook:
     """What the plugin remembers across a session's calls: its first arrival, and the
-    engine time each live request has been scheduled for."""
+    engine time each live request has been scheduled for and its ``CallView``."""
 
     def __init__(self) -> None:
         self._arrivals: OrderedDict[str, float] = OrderedDict()
         self.service_s: dict[str, float] = {}
+        self.calls: dict[str, RequestCall] = {}
 
     def session_arrival(self, session_id: str, arrival_s: float) -> float:
         """The session's first arrival (``arrival_s`` if it is new)."""
@@ -59,25 +67,30 @@ class SessionBook:
 
     def forget_request(self, request_id: str) -> None:
         self.service_s.pop(request_id, None)
+        self.calls.pop(request_id, None)
+
+    def forget_session(self, session_id: str) -> None:
+        """The session ended (the gateway said so)."""
+        self._arrivals.pop(session_id, None)
 
 
 class RequestCall:
     """One vLLM ``Request`` as a ``CallView``."""
 
-    __slots__ = ("_book", "_xargs", "request")
+    __slots__ = ("_book", "_xargs", "request", "session_arrival_s", "session_id")
 
     def __init__(self, request: Any, book: SessionBook) -> None:
         self.request = request
         self._book = book
         self._xargs = _xargs(request)
+        # Read once (a view lives as long as its request): policies' priorities ask for
+        # both at every step.
+        self.session_id: str = _named_session(self._xargs, request) or self.call_id
+        self.session_arrival_s: float = book.session_arrival(self.session_id, self.arrival_s)
 
     @property
     def call_id(self) -> str:
         return str(self.request.request_id)
-
-    @property
-    def session_id(self) -> str:
-        return session_of(self.request) or self.call_id
 
     @property
     def turn(self) -> int:
@@ -86,10 +99,6 @@ class RequestCall:
     @property
     def arrival_s(self) -> float:
         return float(self.request.arrival_time)
-
-    @property
-    def session_arrival_s(self) -> float:
-        return self._book.session_arrival(self.session_id, self.arrival_s)
 
     @property
     def prompt_tokens(self) -> int:
@@ -142,21 +151,29 @@ class RequestCall:
         return str(self._xargs.get("agent", ""))
 
 
-class SchedulerView:
+class SchedulerView(ToolFigures):
     """A vLLM scheduler's state as an ``EngineView``, read when a policy asks.
 
-    The plugin sees only the engine: the tool-side figures (active and queued tools,
-    tool cores, tool durations) are zero until the gateway's side channel feeds them
-    in, ``active_sessions`` counts the sessions with a call in the engine or a pin, and
-    there is no CPU KV tier and no cost model."""
+    The plugin sees the engine, and the CPU side only through the gateway's side
+    channel: active and queued tools and tool durations follow the events it sends in
+    (``tools``; zero without it), tool cores are unknown (0). ``active_sessions``
+    counts the sessions with a call in the engine or a pin; there is no CPU KV tier
+    and no cost model."""
 
     def __init__(self, scheduler: Any, pins: PinTable, book: SessionBook) -> None:
         self._scheduler = scheduler
         self._pins = pins
         self._book = book
+        self.tools = ToolActivity()
 
     def call(self, request: Any) -> RequestCall:
-        return RequestCall(request, self._book)
+        # One view per live request, kept until it finishes (its fields are read live):
+        # building views was most of the cost of ordering the waiting queue at every
+        # step (bench_schedule).
+        call = self._book.calls.get(request.request_id)
+        if call is None or call.request is not request:
+            call = self._book.calls[request.request_id] = RequestCall(request, self._book)
+        return call
 
     @property
     def now(self) -> float:
@@ -205,7 +222,7 @@ class SchedulerView:
         return list(self._pins.pins.values())
 
     def pin_of(self, session_id: str) -> Pin | None:
-        return self._pins.get(session_id)
+        return self._pins.pins.get(session_id)
 
     @property
     def active_sessions(self) -> int:
@@ -214,20 +231,8 @@ class SchedulerView:
         return len(sessions | set(self._pins.pins))
 
     @property
-    def active_tools(self) -> int:
-        return 0
-
-    @property
-    def queued_tools(self) -> int:
-        return 0
-
-    @property
     def tool_cores(self) -> int:
         return 0
-
-    @property
-    def tool_ema_s(self) -> Mapping[str, float]:
-        return {}
 
     @property
     def costs(self) -> CostEstimator:

@@ -1,0 +1,134 @@
+"""``agentmars serve --engine sim``: the simulated engine paced to the wall clock
+(``agentmars.server.sim.live``) behind the gateway, so the whole stack runs without a
+GPU.
+
+The engine serves its OpenAI-compatible API on a loopback port of its own, from a
+thread of this process, and the gateway serves in front of it as it does for vLLM.
+NOTE: a thread rather than a subprocess (ours): the engine starts at once, nothing
+can be orphaned, and in one process the gateway reads the engine's KV figures directly
+and hands it the tool events it ingests (what the side channel does for vLLM). The
+engine's pacing sleeps, so sharing the interpreter with the gateway costs it little.
+SIGINT or SIGTERM stops the gateway, then the engine.
+"""
+
+from __future__ import annotations
+
+import signal
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from pydantic import ValidationError
+
+from agentmars.server.background import serve_in_thread
+from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
+from agentmars.server.gateway.telemetry import KVFigures
+from agentmars.server.policies.registry import UnknownPolicy, make_policy
+from agentmars.server.sim.cost_model import Profile, ProfileError, load_profile
+from agentmars.server.sim.live import LiveEngine, LiveError
+from agentmars.server.sim.live_app import create_live_app
+
+
+class SimServeError(ValueError):
+    """A setting ``agentmars serve --engine sim`` cannot start with."""
+
+
+@dataclass(frozen=True)
+class SimServeOptions:
+    profile: str
+    """A profile name (as ``agentmars sim run --profile``) or a profile JSON file."""
+    policy: str
+    host: str
+    port: int
+    token: str
+    num_blocks: int | None = None
+    """KV blocks instead of the profile's."""
+    max_model_len: int | None = None
+    """Context limit instead of the profile's."""
+
+
+def live_profile(
+    name: str, *, num_blocks: int | None = None, max_model_len: int | None = None
+) -> Profile:
+    """The profile with the given limits in place of its own, checked as vLLM checks
+    them at start-up (the context limit must fit in the KV cache)."""
+    try:
+        profile = load_profile(name)
+    except ProfileError as exc:
+        raise SimServeError(str(exc)) from None
+    overrides: dict[str, Any] = {}
+    if num_blocks is not None:
+        overrides["num_gpu_blocks"] = num_blocks
+    if max_model_len is not None:
+        overrides["max_model_len"] = max_model_len
+    elif num_blocks is not None:
+        # Fewer blocks than the profile's context limit needs: the limit shrinks to fit.
+        overrides["max_model_len"] = min(profile.max_model_len, num_blocks * profile.block_size)
+    try:
+        return Profile.model_validate({**profile.model_dump(), **overrides})
+    except ValidationError as exc:
+        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
+        raise SimServeError(f"profile {profile.name!r} with these limits: {problems}") from None
+
+
+class EngineKV:
+    """The live engine's block pool as the gateway's ``KVSource``."""
+
+    def __init__(self, engine: LiveEngine) -> None:
+        self.engine = engine
+
+    def kv_figures(self) -> KVFigures:
+        total, free, used, pinned = self.engine.kv_figures()
+        return KVFigures(total, free, used, pinned)
+
+
+def live_engine(options: SimServeOptions) -> LiveEngine:
+    profile = live_profile(
+        options.profile, num_blocks=options.num_blocks, max_model_len=options.max_model_len
+    )
+    try:
+        return LiveEngine(profile, make_policy(options.policy))
+    except (UnknownPolicy, LiveError) as exc:
+        raise SimServeError(str(exc)) from None
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM raises like SIGINT does, so leaving the blocks below stops the engine
+    (uvicorn handles both itself while it serves, then raises them again)."""
+
+    def stop(signum: int, frame: types.FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def serve_sim(options: SimServeOptions) -> int:
+    """Serve until SIGINT or SIGTERM; 0 once everything has stopped."""
+    engine = live_engine(options)
+    _stop_on_sigterm()
+    try:
+        with serve_in_thread(create_live_app(engine)) as engine_url:
+            config = GatewayConfig(
+                upstream_url=engine_url,
+                token=options.token,
+                policy=options.policy,
+                block_size=engine.profile.block_size,
+                max_num_seqs=engine.profile.max_num_seqs,
+                kv_source=EngineKV(engine),
+            )
+            app = create_gateway_app(config)
+            app.state.gateway.hub.subscribe(engine.observe_threadsafe)
+            server = uvicorn.Server(
+                uvicorn.Config(app, host=options.host, port=options.port, log_level="warning")
+            )
+            app.state.gateway.stopping = lambda: server.should_exit
+            print(
+                f"agentmars: gateway on http://{options.host}:{options.port}, simulated "
+                f"engine ({engine.profile.name}, policy {options.policy}) {engine_url}",
+                flush=True,
+            )
+            server.run()
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,441 @@
+"""The cost of the plugin's ``schedule()`` against stock vLLM's (issue 5: at most 10%
+more), on the same synthetic queue of agent calls. Run it with the vLLM environment's
+python::
+
+    python -m agentmars.server.engines.vllm.bench_schedule --json out/bench-plugin.json
+
+vLLM 0.32's own V1 ``Scheduler`` and the plugin's ``AgentmarsScheduler`` are built
+directly, as vLLM's own scheduler tests build theirs (a ``VllmConfig`` of the tiny
+model, a ``KVCacheConfig`` of one full-attention group), with no model and no worker.
+Each is driven the way ``EngineCore`` drives it: ``schedule()``, then
+``update_from_output()`` with the step's output. The scheduler, its KV cache manager,
+block pool and prefix cache are the real ones; the model's output is what cannot run
+here, so the step's output is made up: one sampled token for every request whose
+prompt is complete (``synthetic_output``), as a GPU would return it.
+
+The queue: sessions of a few turns whose prompts grow by the previous turn's context
+(the prefix a pin keeps), with the session metadata the gateway sends in
+``vllm_xargs``. Every session's first call is queued at the start; a session's next
+call is queued when its previous call finishes. The KV cache is sized so that not
+every session fits, so pins, pressure releases and preemptions all happen.
+
+Only ``schedule()`` is timed for the target (``perf_counter_ns`` around each call);
+``update_from_output()`` is timed too and written to the figures, because the plugin's
+pinning runs there. The pure parts (the queue) import no vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+PLUGIN_POLICIES = ("fcfs", "continuum")
+"""The policies the plugin runs in the benchmark (stock vLLM is the baseline)."""
+STOCK = "stock"
+MAX_IDLE_STEPS = 100
+"""Steps in a row that schedule nothing before a run is declared stuck."""
+VOCAB = 500
+"""Token ids are drawn below this (the tiny model's vocabulary has 512)."""
+
+
+@dataclass(frozen=True)
+class QueueShape:
+    """The synthetic queue: ``sessions * turns`` calls."""
+
+    sessions: int = 64
+    turns: int = 4
+    first_prompt: tuple[int, int] = (256, 1024)
+    """A session's first prompt, in tokens (uniform in this range)."""
+    tool_result: tuple[int, int] = (32, 256)
+    """Tokens a tool's result adds to the context before the next turn."""
+    output: tuple[int, int] = (8, 48)
+    """Tokens each call generates."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sessions < 1 or self.turns < 1:
+            raise ValueError("QueueShape needs at least one session of one turn")
+        for name in ("first_prompt", "tool_result", "output"):
+            low, high = getattr(self, name)
+            if not 1 <= low <= high:
+                raise ValueError(f"QueueShape.{name} must be 1 <= low <= high, not {low, high}")
+
+    @property
+    def calls(self) -> int:
+        return self.sessions * self.turns
+
+    @property
+    def max_context(self) -> int:
+        """The longest a session's context can grow, in tokens (its last call's)."""
+        return (
+            self.first_prompt[1]
+            + (self.turns - 1) * self.tool_result[1]
+            + self.turns * self.output[1]
+        )
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """One call of a session: what its prompt adds to the session's context so far."""
+
+    session_id: str
+    turn: int
+    new_tokens: tuple[int, ...]
+    """Appended after the previous call's prompt and output (the whole prompt on turn 0)."""
+    max_tokens: int
+    last: bool
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.session_id}-t{self.turn}"
+
+    def extra_args(self) -> dict[str, Any]:
+        """The metadata the gateway forwards in ``vllm_xargs``."""
+        return {
+            "session_id": self.session_id,
+            "turn": self.turn,
+            "follows_tool": self.turn > 0,
+            "expects_tool": not self.last,
+        }
+
+
+def build_sessions(shape: QueueShape) -> list[list[CallSpec]]:
+    """The queue's calls, session by session (deterministic for a seed)."""
+    rng = random.Random(shape.seed)
+    sessions = []
+    for s in range(shape.sessions):
+        calls = []
+        for turn in range(shape.turns):
+            span = shape.first_prompt if turn == 0 else shape.tool_result
+            tokens = tuple(rng.randrange(1, VOCAB) for _ in range(rng.randint(*span)))
+            calls.append(
+                CallSpec(
+                    session_id=f"s{s:03d}",
+                    turn=turn,
+                    new_tokens=tokens,
+                    max_tokens=rng.randint(*shape.output),
+                    last=turn == shape.turns - 1,
+                )
+            )
+        sessions.append(calls)
+    return sessions
+
+
+def synthetic_token(position: int) -> int:
+    """The token "sampled" at a position of a context: the same on every run and for
+    every scheduler, so both build the same next prompts."""
+    return 1 + (position * 7919) % (VOCAB - 1)
+
+
+@dataclass(frozen=True)
+class SchedulerShape:
+    """The engine the schedulers run for."""
+
+    kv_blocks: int = 1024
+    """KV blocks of ``block_size`` tokens (vLLM adds its null block)."""
+    block_size: int = 16
+    """vLLM's GPU default, where the plugin's cost matters (the CPU backend's is 128)."""
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+
+
+@dataclass
+class RunResult:
+    """One scheduler's pass over the whole queue."""
+
+    scheduler: str
+    schedule_ns: list[int] = field(default_factory=list)
+    update_ns: list[int] = field(default_factory=list)
+    output_tokens: dict[str, int] = field(default_factory=dict)
+    """Tokens each call generated, by request id."""
+    preemptions: int = 0
+
+
+# --- the real vLLM scheduler (imports vLLM) ------------------------------------------
+
+
+def make_scheduler(name: str, model: Path, shape: SchedulerShape) -> Any:
+    """Stock vLLM's ``Scheduler`` (``name == STOCK``) or the plugin's with policy
+    ``name``, built as vLLM's own scheduler tests build theirs."""
+    import torch  # type: ignore[import-not-found]
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # type: ignore[import-not-found]
+    from vllm.v1.core.sched.scheduler import Scheduler  # type: ignore[import-not-found]
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # type: ignore[import-not-found]
+    from vllm.v1.structured_output import StructuredOutputManager  # type: ignore[import-not-found]
+
+    model_config = ModelConfig(model=str(model), max_model_len=shape.max_model_len, seed=0)
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        cache_config=CacheConfig(block_size=shape.block_size, enable_prefix_caching=True),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=shape.max_num_seqs,
+            max_num_batched_tokens=shape.max_num_batched_tokens,
+            max_model_len=shape.max_model_len,
+            is_encoder_decoder=False,
+        ),
+    )
+    vllm_config.cache_config.num_gpu_blocks = shape.kv_blocks + 1  # + vLLM's null block
+    spec = FullAttentionSpec(
+        block_size=shape.block_size, num_kv_heads=1, head_size=64, dtype=torch.float32
+    )
+    kv_config = KVCacheConfig(
+        num_blocks=shape.kv_blocks + 1,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+    )
+    if name == STOCK:
+        cls: Any = Scheduler
+    else:
+        # The plugin reads its policy from the engine's environment (plugin_config).
+        os.environ["AGENTMARS_POLICY"] = name
+        from agentmars.server.engines.vllm.plugin import AgentmarsScheduler
+
+        cls = AgentmarsScheduler
+    return cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=shape.block_size,
+        log_stats=False,
+    )
+
+
+class RequestFactory:
+    """vLLM ``Request`` objects for the queue's calls, with the engine's block hasher
+    (prefix caching needs each request's block hashes)."""
+
+    def __init__(self, block_size: int) -> None:
+        from vllm.utils.hashing import sha256  # type: ignore[import-not-found]
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # type: ignore[import-not-found]
+
+        init_none_hash(sha256)
+        self._hasher = get_request_block_hasher(block_size, sha256)
+
+    def make(self, call: CallSpec, context: Sequence[int]) -> Any:
+        from vllm import SamplingParams  # type: ignore[import-not-found]
+        from vllm.v1.request import Request  # type: ignore[import-not-found]
+
+        params = SamplingParams(
+            max_tokens=call.max_tokens, ignore_eos=True, extra_args=call.extra_args()
+        )
+        return Request(
+            request_id=call.request_id,
+            prompt_token_ids=[*context, *call.new_tokens],
+            sampling_params=params,
+            pooling_params=None,
+            block_hasher=self._hasher,
+        )
+
+
+def synthetic_output(scheduler_output: Any, requests: dict[str, Any]) -> Any:
+    """What the model runner would return for the step: one sampled token for each
+    scheduled request whose prompt is now complete, none for a partial prefill."""
+    from vllm.v1.outputs import ModelRunnerOutput  # type: ignore[import-not-found]
+
+    ids = list(scheduler_output.num_scheduled_tokens)
+    sampled = []
+    for request_id in ids:
+        request = requests[request_id]
+        done = request.num_computed_tokens >= request.num_tokens
+        sampled.append([synthetic_token(request.num_tokens)] if done else [])
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={request_id: i for i, request_id in enumerate(ids)},
+        sampled_token_ids=sampled,
+    )
+
+
+def drive(scheduler: Any, name: str, sessions: list[list[CallSpec]], block_size: int) -> RunResult:
+    """Run the queue through the scheduler until every call has finished."""
+    factory = RequestFactory(block_size)
+    result = RunResult(scheduler=name)
+    live: dict[str, Any] = {}
+    next_turn = dict.fromkeys(range(len(sessions)), 0)
+    contexts: dict[int, list[int]] = {s: [] for s in range(len(sessions))}
+    session_of_request: dict[str, int] = {}
+
+    def submit(s: int) -> None:
+        call = sessions[s][next_turn[s]]
+        request = factory.make(call, contexts[s])
+        live[request.request_id] = request
+        session_of_request[request.request_id] = s
+        scheduler.add_request(request)
+
+    for s in next_turn:
+        submit(s)
+    idle = 0
+    while live:
+        started = time.perf_counter_ns()
+        output = scheduler.schedule()
+        result.schedule_ns.append(time.perf_counter_ns() - started)
+        idle = 0 if output.total_num_scheduled_tokens else idle + 1
+        if idle > MAX_IDLE_STEPS:
+            raise RuntimeError(f"{name}: {len(live)} calls left and none is scheduled")
+        runner_output = synthetic_output(output, live)
+        started = time.perf_counter_ns()
+        scheduler.update_from_output(output, runner_output)
+        result.update_ns.append(time.perf_counter_ns() - started)
+        for request_id in [r for r, request in live.items() if request.is_finished()]:
+            request = live.pop(request_id)
+            result.output_tokens[request_id] = request.num_output_tokens
+            result.preemptions += request.num_preemptions
+            s = session_of_request.pop(request_id)
+            contexts[s] = list(request.all_token_ids)
+            next_turn[s] += 1
+            if next_turn[s] < len(sessions[s]):
+                submit(s)
+    scheduler.shutdown()
+    return result
+
+
+# --- the comparison -----------------------------------------------------------------
+
+
+def _summary(samples_ns: list[int]) -> dict[str, float]:
+    return {
+        "p50_us": statistics.median(samples_ns) / 1000,
+        "mean_us": statistics.fmean(samples_ns) / 1000,
+        "calls": len(samples_ns),
+    }
+
+
+def _rounds(names: Sequence[str], reps: int) -> Iterator[str]:
+    """Alternate the schedulers, rotating the order each repetition, so drift of the
+    machine falls on all of them alike."""
+    for rep in range(reps):
+        shift = rep % len(names)
+        yield from [*names[shift:], *names[:shift]]
+
+
+def compare(
+    model: Path,
+    queue: QueueShape,
+    engine: SchedulerShape,
+    reps: int,
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """Run stock vLLM and the plugin (each policy) over the same queue ``reps`` times
+    each, alternating; per scheduler the pooled per-call figures and the ratios."""
+    if queue.max_context > engine.kv_blocks * engine.block_size:
+        raise ValueError(
+            f"a session's context can reach {queue.max_context} tokens, more than "
+            f"{engine.kv_blocks} KV blocks hold: give more blocks or fewer turns"
+        )
+    sessions = build_sessions(queue)
+    names = [STOCK, *PLUGIN_POLICIES]
+    pooled: dict[str, dict[str, list[int]]] = {n: {"schedule": [], "update": []} for n in names}
+    tokens: dict[str, dict[str, int]] = {}
+    preemptions: dict[str, int] = {}
+    for name in names:
+        # Unrecorded: the first run of each warms its code paths and the allocator.
+        drive(make_scheduler(name, model, engine), name, sessions, engine.block_size)
+    for name in _rounds(names, reps):
+        scheduler = make_scheduler(name, model, engine)
+        # A collection in the middle of one run would land on one scheduler only.
+        gc.collect()
+        gc.disable()
+        try:
+            result = drive(scheduler, name, sessions, engine.block_size)
+        finally:
+            gc.enable()
+        pooled[name]["schedule"] += result.schedule_ns
+        pooled[name]["update"] += result.update_ns
+        tokens[name] = result.output_tokens
+        preemptions[name] = result.preemptions
+        progress(f"{name}: {len(result.schedule_ns)} steps")
+    return _report(queue, engine, reps, pooled, tokens, preemptions)
+
+
+def _report(
+    queue: QueueShape,
+    engine: SchedulerShape,
+    reps: int,
+    pooled: dict[str, dict[str, list[int]]],
+    tokens: dict[str, dict[str, int]],
+    preemptions: dict[str, int],
+) -> dict[str, Any]:
+    figures: dict[str, Any] = {
+        name: {
+            "schedule": _summary(samples["schedule"]),
+            "update_from_output": _summary(samples["update"]),
+            "steps_per_run": len(samples["schedule"]) // reps,
+            "schedule_ms_per_run": sum(samples["schedule"]) / reps / 1e6,
+            "preemptions_per_run": preemptions[name],
+            "calls_finished": len(tokens[name]),
+            "output_tokens": sum(tokens[name].values()),
+        }
+        for name, samples in pooled.items()
+    }
+    stock = figures[STOCK]["schedule"]
+    ratios = {
+        policy: {
+            "p50": figures[policy]["schedule"]["p50_us"] / stock["p50_us"],
+            "mean": figures[policy]["schedule"]["mean_us"] / stock["mean_us"],
+            # A policy changes the steps too (continuum's pins hold KV): the whole
+            # run's schedule() time, beside the per-call cost.
+            "per_run": figures[policy]["schedule_ms_per_run"]
+            / figures[STOCK]["schedule_ms_per_run"],
+        }
+        for policy in PLUGIN_POLICIES
+    }
+    return {
+        "queue": asdict(queue),
+        "engine": asdict(engine),
+        "reps": reps,
+        "schedulers": figures,
+        "schedule_ratio_to_stock": ratios,
+        "same_tokens": all(tokens[name] == tokens[STOCK] for name in tokens),
+        "python": sys.version.split()[0],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: run the comparison and write its figures as JSON."""
+    from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
+
+    parser = argparse.ArgumentParser(
+        prog="python -m agentmars.server.engines.vllm.bench_schedule",
+        description="schedule() cost of the agentmars plugin against stock vLLM.",
+    )
+    parser.add_argument("--json", type=Path, help="write the figures here (default: stdout)")
+    parser.add_argument("--sessions", type=int, default=QueueShape.sessions)
+    parser.add_argument("--turns", type=int, default=QueueShape.turns)
+    parser.add_argument("--reps", type=int, default=5, help="runs of each scheduler")
+    parser.add_argument("--kv-blocks", type=int, default=SchedulerShape.kv_blocks)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        queue = QueueShape(sessions=args.sessions, turns=args.turns, seed=args.seed)
+        engine = SchedulerShape(kv_blocks=args.kv_blocks)
+        if args.reps < 1:
+            raise ValueError("--reps must be at least 1")
+    except ValueError as error:
+        parser.error(str(error))
+    try:
+        figures = compare(
+            ensure_tiny_model(), queue, engine, args.reps, lambda line: print(line, file=sys.stderr)
+        )
+    except ValueError as error:
+        parser.error(str(error))
+    text = json.dumps(figures, indent=2) + "\n"
+    if args.json is None:
+        sys.stdout.write(text)
+    else:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

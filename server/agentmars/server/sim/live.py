@@ -1,0 +1,517 @@
+"""The simulated engine paced to the wall clock: real requests, modelled GPU.
+
+``SimEngine`` runs a workload in virtual time; ``LiveEngine`` serves calls as they come
+(``live_app`` puts an OpenAI-compatible API on it) with the same mechanism: the
+simulator's ``Scheduler`` makes every decision with the policy (waiting order, chunk,
+victim, pin reclaim), its ``KVCache`` holds the blocks, prefix cache and pins, and the
+profile's cost model says how long each step takes. One step loop (an asyncio task)
+schedules a step, sleeps out its modelled time — sleeping *is* the modelled work here —
+then settles it as ``SimEngine`` does: computed tokens catch up, full blocks are named
+for the prefix cache, and every call whose tokens are all computed gets one more token.
+A finished call's KV goes where the policy's ``on_call_finished`` says (release, pin
+with an optional TTL, offload to the CPU tier), as in ``SimEngine`` and the vLLM plugin.
+
+Sessions. A call names its session (``CallRequest.session_id``, from ``vllm_xargs`` or
+the body, as the gateway forwards it); a call that names none is a session of its own
+and is never pinned (as in the vLLM plugin). A session's context is taken to be
+append-only, as an agent loop's is: its blocks are named (session, block index), which
+is what vLLM's chained block hashes amount to then. NOTE: ours — when a call's prompt
+does not start with its session's previous prompt, the session's context starts over
+(a fresh block owner): none of the old blocks hit, although vLLM would still hit the
+common prefix's full blocks. Output tokens are counted into the cached context as if
+the client sent them back verbatim.
+
+Not modelled: cross-session prefix sharing (identical system prompts of different
+sessions do not share blocks), stop sequences or an end-of-sequence token (every call
+generates its ``max_tokens``), speculative decoding, sampling. Session admission is the
+gateway's: this engine serves every call it gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import os
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentmars.sdk.events import AnyEvent, CallEvent, LLMEnd, LLMFirstToken, LLMSubmit
+from agentmars.server.metrics.records import CallRecord, SessionRecord
+from agentmars.server.policies.interface import (
+    Policy,
+    Release,
+    SessionAction,
+)
+from agentmars.server.sim.cost_model import CostModel, Profile
+from agentmars.server.sim.engine_view import KVEngineView
+from agentmars.server.sim.entities import Call, Session
+from agentmars.server.sim.kv_cache import KVCache
+from agentmars.server.sim.scheduler import Scheduler, Step
+from agentmars.server.tool_activity import ToolActivity, ToolFigures
+from agentmars.server.workloads.model import SessionSpec, TurnSpec
+
+SESSION_MEMORY = 65_536
+"""Idle sessions remembered (ours: the engine never hears most sessions end; past this
+many the least recently used idle ones are forgotten, and come back as new)."""
+CATCH_UP_S = 0.005
+"""A step that starts this late after the previous one's modelled end is taken as
+back to back (ours: a few timer slips; longer is a pause in the work)."""
+IDLE_WAKE_S = 1.0
+"""Longest sleep of an idle step loop (ours: a safety net; work wakes it at once)."""
+
+
+class LiveError(ValueError):
+    """A call this engine cannot serve; the message says why (an HTTP 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """One LLM call as the API hands it to the engine."""
+
+    prompt: str
+    """The prompt's content as a string (tokens are synthetic: only its prefix
+    relation to the session's previous prompt matters)."""
+    prompt_tokens: int
+    max_tokens: int
+    session_id: str | None = None
+    """None: the call is a session of its own (never pinned)."""
+    turn: int | None = None
+    """None: the session's calls so far."""
+    follows_tool: bool = False
+    expects_tool: bool = False
+    next_tool: str | None = None
+    expected_tool_s: float | None = None
+    agent: str = ""
+
+
+class CallStream:
+    """A submitted call as its client reads it: one item per generated token."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.status = "running"
+        """Then "finished" (all ``max_tokens`` generated) or "aborted"."""
+        self._queue: asyncio.Queue[bool] = asyncio.Queue()
+
+    async def tokens(self) -> AsyncIterator[int]:
+        """The index of each new token as the engine produces it, until the call ends."""
+        index = 0
+        while await self._queue.get():
+            yield index
+            index += 1
+
+    def _push(self) -> None:
+        self._queue.put_nowait(True)
+
+    def _close(self, status: str) -> None:
+        self.status = status
+        self._queue.put_nowait(False)
+
+
+@dataclass(eq=False, slots=True)
+class _LiveSession:
+    """What the engine keeps of a session between its calls."""
+
+    session: Session
+    """The current context's entity (a new one when the context starts over)."""
+    context_chars: int = 0
+    context_digest: bytes = b""
+    """Length and digest of the previous prompt, for the append-only check."""
+    calls: int = 0
+    in_flight: int = 0
+    held: list[Call] = field(default_factory=list)
+    """Calls kept out of the engine while a policy's ``tick`` has the session paused."""
+
+
+@dataclass(slots=True)
+class LiveCounters:
+    """Running totals since the engine started (``/metrics``)."""
+
+    steps: int = 0
+    prompt_tokens: int = 0
+    """Tokens computed in prefill (recomputation included)."""
+    generation_tokens: int = 0
+    preemptions: int = 0
+    evicted_blocks: int = 0
+    finished: int = 0
+    aborted: int = 0
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+class LiveEngine(KVEngineView, ToolFigures):
+    """Serves calls under one policy on one profile; it is also the policy's
+    ``EngineView``. All methods run on the event loop of ``run()``, except
+    ``kv_figures`` (any thread)."""
+
+    def __init__(
+        self, profile: Profile, policy: Policy, *, tools: ToolActivity | None = None
+    ) -> None:
+        if policy.needs_cpu_tier and not profile.cpu_kv_blocks:
+            raise LiveError(f"policy {policy.name!r} needs the CPU KV tier; the profile has none")
+        self.profile = profile
+        self.policy = policy
+        self.cost = CostModel(profile)
+        self.tools = tools or ToolActivity()
+        self.kv = KVCache(
+            profile.num_gpu_blocks,
+            profile.block_size,
+            profile.cpu_kv_blocks if policy.needs_cpu_tier else 0,
+            self._count_eviction,
+            offload_evicted=policy.offload_evicted,
+        )
+        self.scheduler = Scheduler(
+            self.kv,
+            policy,
+            self,
+            max_num_seqs=profile.max_num_seqs,
+            max_num_batched_tokens=profile.max_num_batched_tokens,
+            load_done_at=self._load_done_at,
+        )
+        self.counters = LiveCounters()
+        self._t0 = time.monotonic()
+        self._sessions: OrderedDict[str, _LiveSession] = OrderedDict()
+        self._streams: dict[Call, CallStream] = {}
+        self._owners = itertools.count(1)
+        self._call_ids = itertools.count()
+        self._work = asyncio.Event()
+        self._next_tick_s = policy.tick_interval_s or 0.0
+        self._channel_free_s = 0.0
+        self._step_end_s = -CATCH_UP_S
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # --- EngineView ------------------------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        """Seconds since the engine started (monotonic)."""
+        return time.monotonic() - self._t0
+
+    @property
+    def active_sessions(self) -> int:
+        """Sessions with a call here or a pin."""
+        return sum(
+            1 for sid, live in self._sessions.items() if live.in_flight or sid in self.kv.pins
+        )
+
+    @property
+    def tool_cores(self) -> int:
+        return os.cpu_count() or 1
+
+    def kv_figures(self) -> tuple[int, int, int, int]:
+        """(total, free, used, pinned) blocks; safe to read from another thread (a
+        snapshot may straddle a step)."""
+        total, free = self.kv.pool.num_blocks, self.kv.pool.num_free
+        return total, free, total - free, self.kv.pinned_blocks
+
+    # --- calls in ----------------------------------------------------------------------
+
+    def check(self, prompt_tokens: int, max_tokens: int | None) -> int:
+        """The call's ``max_tokens``: the client's, capped by what the context leaves
+        (as vLLM does); ``LiveError`` (vLLM's message) if the prompt leaves no room."""
+        limit = self.profile.max_model_len
+        if prompt_tokens >= limit:
+            raise LiveError(
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"prompt contains {prompt_tokens} input tokens, which exceeds this limit "
+                f"even without any output tokens. Please reduce the length of the input prompt."
+            )
+        room = limit - prompt_tokens
+        return room if max_tokens is None else min(max_tokens, room)
+
+    def submit(self, request: CallRequest) -> CallStream:
+        """Queue a call; read its tokens from the returned stream."""
+        max_tokens = self.check(request.prompt_tokens, request.max_tokens)
+        call_id = f"live-{next(self._call_ids)}"
+        live = self._live_session(request, call_id)
+        now = self.now
+        turn = request.turn if request.turn is not None else live.calls
+        call = Call(
+            call_id=call_id,
+            session=live.session,
+            turn=turn,
+            arrival_s=now,
+            prompt_tokens=request.prompt_tokens,
+            max_tokens=max_tokens,
+            follows_tool=request.follows_tool,
+            expects_tool=request.expects_tool,
+            next_tool=request.next_tool,
+            expected_tool_s=request.expected_tool_s,
+            record=CallRecord(turn, now, now, now, request.prompt_tokens, 0),
+        )
+        live.calls += 1
+        live.in_flight += 1
+        stream = self._streams[call] = CallStream(call)
+        self._emit_submit(call)
+        if live.session.paused:
+            live.held.append(call)
+        else:
+            self.scheduler.waiting.append(call)
+            self._work.set()
+        return stream
+
+    def _live_session(self, request: CallRequest, call_id: str) -> _LiveSession:
+        session_id = request.session_id or call_id
+        live = self._sessions.get(session_id)
+        if live is None:
+            live = self._sessions[session_id] = _LiveSession(
+                self._new_session(session_id, request.agent, self.now)
+            )
+            self._forget_idle_sessions()
+        else:
+            self._sessions.move_to_end(session_id)
+            head = request.prompt[: live.context_chars]
+            if len(head) < live.context_chars or _digest(head) != live.context_digest:
+                # The context did not grow from the previous prompt: start it over.
+                old = live.session
+                live.session = self._new_session(session_id, old.agent, old.arrival_s)
+                live.session.paused = old.paused
+        live.context_chars, live.context_digest = len(request.prompt), _digest(request.prompt)
+        return live
+
+    def _new_session(self, session_id: str, agent: str, arrival_s: float) -> Session:
+        # Session wants a workload spec; only its id and agent are read here (one
+        # placeholder turn: the live session's turns are not known in advance).
+        spec = SessionSpec(
+            session_id=session_id,
+            agent=agent or "agent",
+            turns=(TurnSpec(append_tokens=1, output_tokens=1),),
+        )
+        record = SessionRecord(session_id, spec.agent, arrival_s, arrival_s, arrival_s)
+        session = Session(spec, arrival_s, record)
+        session.kv_owner = next(self._owners)
+        return session
+
+    def _forget_idle_sessions(self) -> None:
+        excess = len(self._sessions) - SESSION_MEMORY
+        for session_id in list(self._sessions):
+            if excess <= 0:
+                return
+            if not self._sessions[session_id].in_flight and session_id not in self.kv.pins:
+                del self._sessions[session_id]
+                excess -= 1
+
+    def abort(self, stream: CallStream) -> None:
+        """Stop a call its client gave up on: its blocks are freed, its session's pin
+        dropped (as the vLLM plugin does for an aborted call), nothing is pinned."""
+        call = stream.call
+        if self._streams.pop(call, None) is None:
+            return
+        if call in self.scheduler.running:
+            self.scheduler.running.remove(call)
+        elif call in self.scheduler.waiting:
+            self.scheduler.waiting.remove(call)
+        live = self._sessions.get(call.session_id)
+        if live is not None and call in live.held:
+            live.held.remove(call)
+        freed = len(call.blocks)
+        self.kv.free(call)
+        self.kv.unpin(call.session_id)
+        self.counters.aborted += 1
+        self._call_over(call, stream, "aborted", freed)
+        self._work.set()
+
+    def observe(self, events: Sequence[AnyEvent]) -> None:
+        """Events of the information stream from elsewhere (the SDK, the sandbox, via
+        the gateway): tool figures for the view, and the policy's ``on_event``. LLM
+        events are skipped: the engine hands the policy its own."""
+        for event in events:
+            if event.kind.startswith("llm_"):
+                continue
+            self.tools.observe(event)
+            self.policy.on_event(event)
+            if event.kind == "session_end":
+                self.kv.unpin(event.session_id)
+        self._work.set()
+
+    def observe_threadsafe(self, events: Sequence[AnyEvent]) -> None:
+        """``observe`` from any thread (e.g. a hub subscriber); dropped before ``run``."""
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the engine is gone
+                self._loop.call_soon_threadsafe(self.observe, events)
+
+    # --- the step loop -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Step until cancelled."""
+        self._loop = asyncio.get_running_loop()
+        while True:
+            self._work.clear()
+            self._housekeeping()
+            now = self.now
+            # NOTE: ours — back to back, a step starts where the previous one was due to
+            # end, so the timer's lateness (about a millisecond a sleep) does not add up
+            # over a stream of steps; after a pause the clock starts from now.
+            started = self._step_end_s if now - self._step_end_s < CATCH_UP_S else now
+            step = self.scheduler.schedule(now)
+            self.counters.preemptions += len(step.preempted)
+            if not step.batch:
+                self._step_end_s = -CATCH_UP_S  # a pause: the next step starts afresh
+                await self._idle()
+                continue
+            duration = self.cost.step_time(step.shape())
+            self._step_end_s = started + duration
+            await asyncio.sleep(max(0.0, self._step_end_s - self.now))
+            self._end_step(step, duration)
+
+    async def _idle(self) -> None:
+        """Nothing can run: wait for work, a pin to expire, a tick or a CPU-tier load."""
+        now = self.now
+        deadlines = [pin.expires_s for pin in self.kv.pins.values() if pin.expires_s is not None]
+        deadlines += [call.ready_s for call in self.scheduler.running if call.ready_s > now]
+        if self.policy.tick_interval_s:
+            deadlines.append(self._next_tick_s)
+        timeout = min([IDLE_WAKE_S, *(deadline - now for deadline in deadlines)])
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._work.wait(), max(timeout, 0.0))
+
+    def _housekeeping(self) -> None:
+        now = self.now
+        interval = self.policy.tick_interval_s
+        if interval == 0 or (interval and now >= self._next_tick_s):
+            self._next_tick_s = now + (interval or 0.0)
+            self._apply(self.policy.tick(self))
+        waiting = {call.session_id for call in self.scheduler.waiting}
+        for pin in list(self.kv.pins.values()):
+            # As SimEngine: a pin whose session's next call already waits stays until
+            # that call is admitted.
+            expired = pin.expires_s is not None and pin.expires_s <= now
+            if expired and pin.session_id not in waiting:
+                self.kv.unpin(pin.session_id)
+
+    def _end_step(self, step: Step, duration: float) -> None:
+        self.counters.steps += 1
+        for call, tokens in step.batch:
+            if call not in self._streams:
+                continue  # aborted during the step: its blocks are gone already
+            decoding = call.output_tokens and call.num_computed_tokens == call.num_tokens - 1
+            if not decoding:  # as ``Step.shape`` tells prefill from decode
+                self.counters.prompt_tokens += tokens
+            call.num_computed_tokens += tokens
+            call.service_s += duration
+            self.kv.cache_full_blocks(call)
+            if call.num_computed_tokens == call.num_tokens:
+                self._add_token(call)
+
+    def _add_token(self, call: Call) -> None:
+        stream = self._streams[call]
+        if call.output_tokens == 0:
+            call.record.first_token_s = self.now
+            self._emit(LLMFirstToken, call, ttft_s=max(self.now - call.arrival_s, 0.0))
+        call.output_tokens += 1
+        self.counters.generation_tokens += 1
+        stream._push()
+        if call.finished:
+            self._finish_call(call, stream)
+
+    # --- finished calls ----------------------------------------------------------------
+
+    def _finish_call(self, call: Call, stream: CallStream) -> None:
+        self.scheduler.running.remove(call)
+        del self._streams[call]
+        # A call that named no session is a session of its own: nothing to keep for it.
+        named = call.call_id != call.session_id
+        decision = self.policy.on_call_finished(call, self) if named else Release()
+        freed = len(call.blocks)
+        pin = self.keep_or_free(call, decision, self.now)
+        freed -= pin.blocks if pin is not None else 0
+        self.counters.finished += 1
+        self._call_over(call, stream, "finished", freed)
+
+    def _call_over(self, call: Call, stream: CallStream, status: str, freed: int) -> None:
+        call.record.end_s = self.now
+        live = self._sessions.get(call.session_id)
+        if live is not None:
+            live.in_flight -= 1
+            if call.call_id == call.session_id and not live.in_flight:
+                del self._sessions[call.session_id]  # a one-call session is over
+        self._emit(
+            LLMEnd,
+            call,
+            status="ok" if status == "finished" else "cancelled",
+            prompt_tokens=call.prompt_tokens,
+            cached_tokens=call.record.cached_tokens,
+            output_tokens=call.output_tokens,
+            freed_blocks=freed,
+            finish_reason="length" if status == "finished" else None,
+            ended_in_tool_call=call.expects_tool,
+            duration_s=max(self.now - call.arrival_s, 0.0),
+        )
+        stream._close(status)
+
+    # --- policy actions ----------------------------------------------------------------
+
+    def _apply(self, actions: Sequence[SessionAction]) -> None:
+        for action in actions:
+            live = self._sessions.get(action.session_id)
+            if live is None:
+                continue
+            if action.kind in ("unpin", "offload"):
+                self.drop_pin(live.session, offload=action.kind == "offload")
+            elif action.kind == "pause":
+                self._pause(live)
+            elif action.kind == "resume":
+                self._resume(live)
+
+    def _pause(self, live: _LiveSession) -> None:
+        session_id = live.session.session_id
+        live.session.paused = True
+        self.kv.unpin(session_id)
+        for call in list(self.scheduler.running):
+            if call.session_id == session_id:
+                self.scheduler.preempt(call)
+        for call in list(self.scheduler.waiting):
+            if call.session_id == session_id:
+                self.scheduler.waiting.remove(call)
+                live.held.append(call)
+
+    def _resume(self, live: _LiveSession) -> None:
+        live.session.paused = False
+        self.scheduler.waiting.extend(live.held)
+        live.held.clear()
+        self._work.set()
+
+    # --- events and KV bookkeeping -------------------------------------------------------
+
+    def _emit_submit(self, call: Call) -> None:
+        self._emit(
+            LLMSubmit,
+            call,
+            projected_prompt_tokens=call.prompt_tokens,
+            projected_kv_blocks=self.kv.blocks_for(call.prompt_tokens + call.max_tokens),
+            max_tokens=call.max_tokens,
+            follows_tool=call.follows_tool,
+            expects_tool=call.expects_tool,
+        )
+
+    def _emit(self, kind: type[CallEvent], call: Call, **fields: Any) -> None:
+        event = kind(
+            session_id=call.session_id,
+            call_id=call.call_id,
+            turn=call.turn,
+            source="sim",
+            **fields,
+        )
+        self.policy.on_event(event)
+
+    def _count_eviction(self, blocks: int) -> None:
+        self.counters.evicted_blocks += blocks
+
+    def _load_done_at(self, blocks: int) -> float:
+        """Loads from the CPU tier share one transfer channel, one after another."""
+        self._channel_free_s = max(self._channel_free_s, self.now) + self.cost.transfer_time(blocks)
+        return self._channel_free_s
+
+    def shutdown(self) -> None:
+        """End every open call (its client sees the stream end) and drop every pin."""
+        for stream in list(self._streams.values()):
+            self.abort(stream)
+        for session_id in list(self.kv.pins):
+            self.kv.unpin(session_id)

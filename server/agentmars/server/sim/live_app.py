@@ -1,0 +1,409 @@
+"""The OpenAI-compatible API of the wall-clock simulated engine (``sim.live``), shaped
+like vLLM's so the gateway sits in front of it unchanged.
+
+Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streamed as SSE in
+vLLM's chunk format, ending with ``data: [DONE]``, or whole), ``GET /v1/models``,
+``GET /health`` and ``GET /metrics`` (vLLM's names where they mean the same, e.g.
+``vllm:prefix_cache_hits_total``, plus ``agentmars_sim_*`` figures of the block pool).
+
+Session metadata is read where vLLM's plugin reads it (``engines/vllm/views.py``):
+``vllm_xargs`` (``session_id``, ``turn``, ``follows_tool``, ``expects_tool``,
+``next_tool``, ``expected_tool_s``, ``agent``), else the body's ``session_id``, else the
+``X-Session-ID`` header.
+
+Tokens are synthetic. NOTE: ours — a text prompt counts one token per
+``CHARS_PER_TOKEN`` characters (rounded up; the SDK's projection uses the same ratio),
+a chat prompt is its messages rendered as ``<|role|>content`` lines and counted the
+same way, and a token-id prompt counts its ids. The answer is ``max_tokens`` words of a
+fixed vocabulary (no end-of-sequence: ``finish_reason`` is always ``length``); without
+``max_tokens`` a call generates ``DEFAULT_MAX_TOKENS`` (vLLM would go on to the end of
+the context, which a model without an end token would really do).
+
+Errors carry vLLM's body (``{"error": {"message", "type", "param", "code"}}``): 400 for
+a body that is not a JSON object or a field of the wrong type, and for a prompt the
+context cannot hold (vLLM's message); 404 for another model.
+
+This module is the simulator's one FastAPI part (the web layer over ``sim.live``, which
+imports none); nothing else in ``agentmars.server.sim`` imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from agentmars.sdk.integrations.request import SESSION_HEADER
+from agentmars.server.gateway.proxy import ClientGone, ClosingStreamingResponse, unless_disconnected
+from agentmars.server.sim.live import CallRequest, CallStream, LiveEngine, LiveError
+
+CHARS_PER_TOKEN = 4
+DEFAULT_MAX_TOKENS = 16
+WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
+"""The synthetic answer's vocabulary: token ``i`` is ``WORDS[i % 8]`` and a space."""
+
+
+class ApiError(Exception):
+    """An error answer in vLLM's format."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def response(self) -> JSONResponse:
+        kind = "NotFoundError" if self.status == 404 else "BadRequestError"
+        body = {"message": self.message, "type": kind, "param": self.param, "code": self.status}
+        return JSONResponse({"error": body}, status_code=self.status)
+
+
+# --- reading requests ----------------------------------------------------------------------
+
+
+def synthetic_tokens(text: str) -> int:
+    """Tokens of a text (at least one)."""
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+def completion_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
+    """(content, tokens) of a completions prompt: a string, token ids, or one of either
+    in a list (several prompts in one request are not served)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt, synthetic_tokens(prompt)
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        # A delimiter after every id keeps "1,2," from being a prefix of "1,23,".
+        return "".join(f"{token}," for token in prompt), len(prompt)
+    raise ApiError(
+        400, "'prompt' must be a string or a non-empty list of token ids (one prompt)", "prompt"
+    )
+
+
+def chat_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
+    """(content, tokens) of a chat prompt: its messages rendered one after another."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list of messages", "messages")
+    text = "".join(_render(message) for message in messages)
+    return text, synthetic_tokens(text)
+
+
+def _render(message: object) -> str:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise ApiError(400, "each message must be an object with a string 'role'", "messages")
+    content = message.get("content")
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        content = "".join(part for part in parts if isinstance(part, str))
+    elif content is not None and not isinstance(content, str):
+        raise ApiError(400, "a message's 'content' must be a string or a list of parts")
+    calls = message.get("tool_calls")
+    extra = json.dumps(calls, sort_keys=True) if calls else ""
+    return f"<|{message['role']}|>{content or ''}{extra}\n"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    if value is None:
+        return DEFAULT_MAX_TOKENS
+    if not _is_int(value) or value < 1:
+        raise ApiError(400, f"'max_tokens' must be a positive integer, got {value!r}", "max_tokens")
+    return int(value)
+
+
+def _xargs(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    xargs = body.get("vllm_xargs") or {}
+    if not isinstance(xargs, Mapping):
+        raise ApiError(400, "'vllm_xargs' must be a JSON object", "vllm_xargs")
+    return xargs
+
+
+def _session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
+    named = _xargs(body).get("session_id") or body.get("session_id")
+    named = named or headers.get(SESSION_HEADER.lower())
+    if named is not None and not isinstance(named, str | int):
+        raise ApiError(400, "'session_id' must be a string", "session_id")
+    return str(named) if named else None
+
+
+def call_request(body: Mapping[str, Any], headers: Mapping[str, str], *, chat: bool) -> CallRequest:
+    """The engine's view of one request body (see the module docstring)."""
+    if body.get("n", 1) != 1:
+        raise ApiError(400, "only n=1 is served by the simulated engine", "n")
+    prompt, tokens = chat_prompt(body) if chat else completion_prompt(body)
+    xargs = _xargs(body)
+    turn = xargs.get("turn")
+    expected = xargs.get("expected_tool_s")
+    if turn is not None and (not _is_int(turn) or turn < 0):
+        raise ApiError(400, "vllm_xargs 'turn' must be a non-negative integer", "vllm_xargs")
+    if expected is not None and (not isinstance(expected, int | float) or expected < 0):
+        raise ApiError(400, "vllm_xargs 'expected_tool_s' must be a number >= 0", "vllm_xargs")
+    return CallRequest(
+        prompt=prompt,
+        prompt_tokens=tokens,
+        max_tokens=_max_tokens(body),
+        session_id=_session_id(body, headers),
+        turn=turn,
+        follows_tool=bool(xargs.get("follows_tool", False)),
+        expects_tool=bool(xargs.get("expects_tool", False)),
+        next_tool=str(xargs["next_tool"]) if xargs.get("next_tool") else None,
+        expected_tool_s=float(expected) if expected is not None else None,
+        agent=str(xargs.get("agent", "")),
+    )
+
+
+def _stream_usage(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(a usage chunk at the end, usage on every chunk), as vLLM reads
+    ``stream_options``' ``include_usage`` and ``continuous_usage_stats``."""
+    options = body.get("stream_options")
+    if not isinstance(options, Mapping) or not options.get("include_usage"):
+        return False, False
+    return True, bool(options.get("continuous_usage_stats"))
+
+
+# --- answers -----------------------------------------------------------------------------
+
+
+def token_text(index: int) -> str:
+    return WORDS[index % len(WORDS)] + " "
+
+
+def _usage(stream: CallStream, completion: int | None = None) -> dict[str, Any]:
+    """The call's usage; ``completion``: the tokens sent so far (a stream's reader may
+    lag behind the engine), else all it generated."""
+    call = stream.call
+    completion = call.output_tokens if completion is None else completion
+    return {
+        "prompt_tokens": call.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": call.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": call.record.cached_tokens},
+    }
+
+
+class Answer:
+    """One request's answer in the chat or the completions format."""
+
+    def __init__(self, model: str, *, chat: bool) -> None:
+        self.model = model
+        self.chat = chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _envelope(self, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        if self.chat and chunk:
+            kind += ".chunk"
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def chunk(self, text: str, finish: str | None, *, role: bool = False) -> dict[str, Any]:
+        if not self.chat:
+            choice = {"index": 0, "text": text, "logprobs": None}
+            return self._envelope(
+                [{**choice, "finish_reason": finish, "stop_reason": None}], chunk=True
+            )
+        delta = {"role": "assistant", "content": text} if role else {"content": text}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return self._envelope([choice], chunk=True)
+
+    def usage_chunk(self, stream: CallStream) -> dict[str, Any]:
+        return {**self._envelope([], chunk=True), "usage": _usage(stream)}
+
+    def whole(self, stream: CallStream) -> dict[str, Any]:
+        text = "".join(token_text(i) for i in range(stream.call.output_tokens))
+        if self.chat:
+            message = {"role": "assistant", "content": text, "tool_calls": []}
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "stop_reason": None}
+        choice["finish_reason"] = "length"
+        return {**self._envelope([choice], chunk=False), "usage": _usage(stream)}
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+async def _stream_events(
+    engine: LiveEngine, stream: CallStream, answer: Answer, usage: tuple[bool, bool]
+) -> AsyncIterator[bytes]:
+    """The SSE body; leaving early (the client disconnected) aborts the call."""
+    final_usage, continuous = usage
+    try:
+        if answer.chat:
+            yield _sse(answer.chunk("", None, role=True))
+        async for index in stream.tokens():
+            last = index + 1 == stream.call.max_tokens
+            chunk = answer.chunk(token_text(index), "length" if last else None)
+            yield _sse({**chunk, "usage": _usage(stream, index + 1)} if continuous else chunk)
+        if final_usage:
+            yield _sse(answer.usage_chunk(stream))
+        yield b"data: [DONE]\n\n"
+    finally:
+        if stream.status == "running":
+            engine.abort(stream)
+
+
+async def _whole(
+    engine: LiveEngine, request: Request, stream: CallStream, answer: Answer
+) -> Response:
+    async def drain() -> None:
+        async for _ in stream.tokens():
+            pass
+
+    try:
+        await unless_disconnected(request, drain())
+    except ClientGone:
+        engine.abort(stream)
+        return Response(status_code=499)  # nobody reads it: the client is gone
+    return JSONResponse(answer.whole(stream))
+
+
+# --- metrics -----------------------------------------------------------------------------
+
+
+def metrics_text(engine: LiveEngine, model: str) -> str:
+    """Prometheus text: vLLM's names where they mean the same, ``agentmars_sim_*`` else."""
+    total, free, used, pinned = engine.kv_figures()
+    counters = engine.counters
+    label = f'{{model_name="{model}"}}'
+    figures: list[tuple[str, str, float]] = [
+        ("vllm:num_requests_running", "gauge", len(engine.running)),
+        ("vllm:num_requests_waiting", "gauge", len(engine.waiting)),
+        ("vllm:kv_cache_usage_perc", "gauge", used / total),
+        ("vllm:prefix_cache_queries_total", "counter", engine.scheduler.prefix_queries),
+        ("vllm:prefix_cache_hits_total", "counter", engine.scheduler.prefix_hits),
+        ("vllm:num_preemptions_total", "counter", counters.preemptions),
+        ("vllm:generation_tokens_total", "counter", counters.generation_tokens),
+        ("agentmars_sim_prefill_tokens_total", "counter", counters.prompt_tokens),
+        ("agentmars_sim_steps_total", "counter", counters.steps),
+        ("agentmars_sim_requests_finished_total", "counter", counters.finished),
+        ("agentmars_sim_requests_aborted_total", "counter", counters.aborted),
+        ("agentmars_sim_evicted_blocks_total", "counter", counters.evicted_blocks),
+        ("agentmars_sim_kv_total_blocks", "gauge", total),
+        ("agentmars_sim_kv_free_blocks", "gauge", free),
+        ("agentmars_sim_kv_pinned_blocks", "gauge", pinned),
+        ("agentmars_sim_pins", "gauge", len(engine.pins)),
+        ("agentmars_sim_active_tools", "gauge", engine.active_tools),
+        ("agentmars_sim_queued_tools", "gauge", engine.queued_tools),
+    ]
+    lines = []
+    for name, kind, value in figures:
+        family = name.removesuffix("_total") if kind == "counter" else name
+        lines += [f"# TYPE {family} {kind}", f"{name}{label} {float(value)}"]
+    profile = engine.profile
+    info = f'block_size="{profile.block_size}",num_gpu_blocks="{profile.num_gpu_blocks}"'
+    lines += ["# TYPE vllm:cache_config_info gauge", f"vllm:cache_config_info{{{info}}} 1.0"]
+    return "\n".join(lines) + "\n"
+
+
+# --- the app -----------------------------------------------------------------------------
+
+
+def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
+    """The API over ``engine``; its lifespan runs the step loop. ``model``: the served
+    model id (default: the profile's name)."""
+    served = model or engine.profile.name
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(engine.run())
+        try:
+            yield
+        finally:
+            engine.shutdown()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app = FastAPI(title="agentmars simulated engine", lifespan=lifespan)
+
+    async def complete(request: Request, *, chat: bool) -> Response:
+        body = _json_object(await request.body())
+        if not isinstance(body.get("model", ""), str):
+            raise ApiError(400, "'model' must be a string", "model")
+        if not isinstance(body.get("stream", False), bool):
+            raise ApiError(400, "'stream' must be true or false", "stream")
+        if body.get("model") not in (None, served):
+            raise ApiError(404, f"The model `{body['model']}` does not exist.", "model")
+        try:
+            stream = engine.submit(call_request(body, request.headers, chat=chat))
+        except LiveError as exc:
+            raise ApiError(400, str(exc), "input_tokens") from None
+        answer = Answer(served, chat=chat)
+        if body.get("stream"):
+            events = _stream_events(engine, stream, answer, _stream_usage(body))
+            return ClosingStreamingResponse(events, media_type="text/event-stream")
+        return await _whole(engine, request, stream, answer)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        """OpenAI chat completions from the simulated engine."""
+        return await complete(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        """OpenAI text completions from the simulated engine."""
+        return await complete(request, chat=False)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        """The one served model, with its context length."""
+        card = {
+            "id": served,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "agentmars",
+            "root": served,
+            "parent": None,
+            "max_model_len": engine.profile.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        """200 while the engine serves (vLLM's route)."""
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        """Prometheus metrics of the engine."""
+        return PlainTextResponse(metrics_text(engine, served))
+
+    async def api_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return exc.response()
+
+    app.add_exception_handler(ApiError, api_error)
+    return app

@@ -1,0 +1,87 @@
+"""``agentmars bench plugin`` and ``agentmars bench session-mix`` refuse bad input
+with exit status 2 and a message, before starting anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.server.engines.vllm.conftest import vllm_python  # noqa: F401  (the fixture)
+
+CLI = [sys.executable, "-m", "agentmars.cli.main", "bench"]
+
+
+def _run(*args: str, env_python: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "AGENTMARS_VLLM_PYTHON"}
+    if env_python is not None:
+        env["AGENTMARS_VLLM_PYTHON"] = env_python
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+
+
+@pytest.mark.parametrize("command", ["plugin", "session-mix"])
+def test_without_a_vllm_python_it_says_how_to_give_one(command: str) -> None:
+    done = _run(command)
+    assert done.returncode == 2
+    assert "give --vllm-python or $AGENTMARS_VLLM_PYTHON" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["plugin", "session-mix"])
+def test_a_vllm_python_that_does_not_exist_is_named(command: str, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-python"
+    done = _run(command, "--vllm-python", str(missing))
+    assert done.returncode == 2
+    assert f"the vLLM python {missing} does not exist" in done.stderr
+    # The environment variable is read the same way.
+    done = _run(command, env_python=str(missing))
+    assert done.returncode == 2
+    assert f"the vLLM python {missing} does not exist" in done.stderr
+
+
+def test_session_mix_refuses_an_unknown_policy_before_starting_vllm() -> None:
+    # Any existing file passes the python check; the policy is checked next.
+    done = _run("session-mix", "--vllm-python", sys.executable, "--policies", "fcfs,nope")
+    assert done.returncode == 2
+    assert "unknown policy 'nope'" in done.stderr
+
+
+def test_session_mix_refuses_a_bad_rate_before_starting_vllm() -> None:
+    done = _run("session-mix", "--vllm-python", sys.executable, "--rate", "0")
+    assert done.returncode == 2
+    assert "--rate must be a positive number" in done.stderr
+
+
+@pytest.mark.slow
+def test_bench_plugin_prints_and_writes_the_figures(
+    vllm_python: Path,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "plugin.json"
+    done = _run(
+        "plugin", "--vllm-python", str(vllm_python), "--sessions", "4", "--turns", "2",
+        "--reps", "1", "--kv-blocks", "128", "--json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(out.read_text())
+    assert figures["same_tokens"] is True
+    assert figures["passed"] == all(
+        ratio["p50"] <= 1.10 for ratio in figures["schedule_ratio_to_stock"].values()
+    )
+    for name in ("vLLM", "fcfs", "continuum", "x p50"):
+        assert name in done.stdout
+
+
+@pytest.mark.slow
+def test_bench_plugin_reports_the_harness_refusal(
+    vllm_python: Path,  # noqa: F811  (the fixture imported above)
+) -> None:
+    # Too few KV blocks for a session's context: the harness refuses, the CLI says why.
+    done = _run("plugin", "--vllm-python", str(vllm_python), "--kv-blocks", "16")
+    assert done.returncode == 2
+    assert "more than 16 KV blocks hold" in done.stderr

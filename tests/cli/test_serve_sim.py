@@ -1,0 +1,151 @@
+"""``agentmars serve --engine sim``: the simulated engine behind the gateway, run as a
+user runs it; it answers the OpenAI client and stops on SIGTERM, leaving nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agentmars.sdk.events import ToolEnd, ToolStart
+from agentmars.server.background import free_loopback_port
+
+CLI = [sys.executable, "-m", "agentmars.cli.main", "serve"]
+ENV = {**os.environ, "AGENTMARS_GATEWAY_TOKEN": "test-token"}
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], env=ENV, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def _wait_for(url: str, process: subprocess.Popen[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer within {timeout_s} s")
+
+
+def _metric(base: str, name: str) -> float:
+    text = httpx.get(base + "/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"no {name} in {base}/metrics")
+
+
+def _wait_until(base: str, name: str, value: float) -> None:
+    deadline = time.monotonic() + 5
+    while (seen := _metric(base, name)) != value:
+        assert time.monotonic() < deadline, f"{name} is {seen}, not {value}"
+        time.sleep(0.05)
+
+
+def _post_events(base: str, events: list[ToolStart | ToolEnd]) -> None:
+    batch = [event.model_dump(mode="json") for event in events]
+    headers = {"Authorization": f"Bearer {ENV['AGENTMARS_GATEWAY_TOKEN']}"}
+    reply = httpx.post(base + "/v1/events", json=batch, headers=headers, timeout=5)
+    assert reply.status_code == 200, reply.text
+
+
+def _engine_url(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    line = process.stdout.readline()  # "agentmars: gateway on ..., simulated engine (...) URL"
+    return line.split()[-1]
+
+
+def test_serve_sim_answers_through_the_gateway_and_stops_cleanly() -> None:
+    port = free_loopback_port()
+    process = subprocess.Popen(
+        [*CLI, "--engine", "sim", "--profile", "cpu-tiny", "--policy", "continuum",
+         "--port", str(port), "--num-blocks", "64"],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(base + "/healthz", process, timeout_s=30)
+        # The engine serves from a thread of the same process: no child to leave behind.
+        assert psutil.Process(process.pid).children(recursive=True) == []
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused")
+        assert [m.id for m in client.models.list().data] == ["cpu-tiny"]
+        session = {"X-Session-ID": "s1"}
+        reply = client.chat.completions.create(
+            model="cpu-tiny",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=4,
+            extra_headers=session,
+        )
+        assert reply.choices[0].message.content == "lorem ipsum dolor sit "
+        stream = client.completions.create(
+            model="cpu-tiny", prompt="p" * 1200, max_tokens=3, stream=True, extra_headers=session
+        )
+        assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == (
+            "lorem ipsum dolor "
+        )
+        # The gateway reads the engine's block pool directly (64 blocks, as asked).
+        assert _metric(base, "agentmars_kv_total_blocks") == 64
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="other", prompt="hi", max_tokens=1)
+        assert httpx.post(base + "/v1/events", json=[], timeout=5).status_code == 401
+        # A client leaving mid-stream: the gateway closes the engine's stream, the engine
+        # aborts the call and frees its blocks (the engine's URL is on the first line).
+        engine = _engine_url(process)
+        body = {"model": "cpu-tiny", "prompt": "q" * 4000, "max_tokens": 2000, "stream": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, headers=session):
+            pass
+        _wait_until(engine, "agentmars_sim_requests_aborted_total", 1.0)
+        _wait_until(engine, "agentmars_sim_kv_free_blocks", 64.0)
+        # Tool events posted to the gateway reach the engine's view (and its policy).
+        tool = ToolStart(session_id="s1", call_id="t1", tool="pytest", source="sandbox")
+        _post_events(base, [tool])
+        _wait_until(engine, "agentmars_sim_active_tools", 1.0)
+        _post_events(base, [ToolEnd(session_id="s1", call_id="t1", tool="pytest", duration_s=1)])
+        _wait_until(engine, "agentmars_sim_active_tools", 0.0)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    assert process.returncode == 0, process.stderr.read() if process.stderr else ""
+    assert not psutil.pid_exists(process.pid)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(base + "/healthz", timeout=1)
+
+
+def test_an_unknown_profile_exits_with_the_list_of_profiles() -> None:
+    done = _run("--engine", "sim", "--profile", "h300-nothing")
+    assert done.returncode == 2
+    assert "unknown profile 'h300-nothing'" in done.stderr
+    assert "cpu-tiny" in done.stderr and "h100-qwen3-coder-30b" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--engine", "sim"), "--engine sim needs --profile: cpu-tiny"),
+        (("--engine", "sim", "--profile", "cpu-tiny", "--model", "/m"), "only for --engine vllm"),
+        (("--engine", "sim", "--profile", "cpu-tiny", "--policy", "nope"), "unknown policy"),
+        (("--engine", "sim", "--profile", "cpu-tiny", "--max-model-len", "99999"), "does not fit"),
+        (("--engine", "vllm"), "--engine vllm needs --model"),
+        (("--model", "/m", "--profile", "cpu-tiny"), "--profile is for --engine sim"),
+    ],
+)
+def test_bad_options_exit_2_with_a_message(args: tuple[str, ...], says: str) -> None:
+    done = _run(*args)
+    assert done.returncode == 2
+    assert says in done.stderr

@@ -1,0 +1,73 @@
+"""What the real-engine tests share: the tiny model, the plugin's KV status file and
+vLLM's Prometheus counters."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentmars.server.engines.vllm.smoke import metric_total
+
+PLUGIN = "agentmars.server.engines.vllm.plugin.AgentmarsScheduler"
+"""``--scheduler-cls`` of the agentmars plugin (the CPU backend's synchronous one)."""
+
+
+def tiny_model_dir(vllm_python: Path) -> Path:
+    """The tiny model's directory, made by the vLLM environment on first use."""
+    done = subprocess.run(
+        [str(vllm_python), "-m", "agentmars.server.engines.vllm.tiny_model"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def kv_status(path: Path, newer_than: float | None = None) -> dict[str, Any]:
+    """The plugin's KV figures, sampled after ``newer_than`` (default: now)."""
+    newer_than = time.time() if newer_than is None else newer_than
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            figures: dict[str, Any] = json.loads(path.read_text())
+            if figures["time"] > newer_than:
+                return figures
+        time.sleep(0.02)
+    raise AssertionError(f"no fresh KV status in {path}")
+
+
+def released(figures: dict[str, Any], before: dict[str, Any]) -> dict[str, int]:
+    """Pins released between two status samples, by reason (reasons with none left out)."""
+    counts = {reason: n - before["released"][reason] for reason, n in figures["released"].items()}
+    return {reason: n for reason, n in counts.items() if n}
+
+
+def labelled_total(exposition: str, name: str, **labels: str) -> float:
+    """Like ``metric_total``, over the samples carrying all of ``labels`` only."""
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    lines = [line for line in exposition.splitlines() if all(w in line for w in wanted)]
+    return metric_total("\n".join(lines), name)
+
+
+def engine_metric(base_url: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` with ``labels`` on ``base_url/metrics``."""
+    return labelled_total(httpx.get(f"{base_url}/metrics", timeout=10.0).text, name, **labels)
+
+
+def wait_for_metric(base_url: str, name: str, value: float, timeout_s: float = 30.0) -> None:
+    """Wait until vLLM's ``name`` reads ``value``."""
+    deadline = time.monotonic() + timeout_s
+    seen = None
+    while time.monotonic() < deadline:
+        seen = engine_metric(base_url, name)
+        if seen == value:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{name} stayed {seen}, not {value}")

@@ -1,0 +1,93 @@
+"""The schedule() benchmark's harness (``engines.vllm.bench_schedule``): its queue (any
+interpreter) and, in the vLLM environment, stock vLLM's scheduler and the plugin's
+each finishing every call of a small queue with the same tokens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agentmars.server.engines.vllm.bench_schedule import (
+    VOCAB,
+    QueueShape,
+    build_sessions,
+    synthetic_token,
+)
+
+
+def test_the_queue_is_sessions_of_turns_with_the_gateways_metadata() -> None:
+    shape = QueueShape(sessions=3, turns=2, first_prompt=(10, 10), tool_result=(4, 4))
+    sessions = build_sessions(shape)
+    assert [[call.request_id for call in calls] for calls in sessions] == [
+        ["s000-t0", "s000-t1"],
+        ["s001-t0", "s001-t1"],
+        ["s002-t0", "s002-t1"],
+    ]
+    first, second = sessions[0]
+    assert (len(first.new_tokens), len(second.new_tokens)) == (10, 4)
+    assert first.extra_args() == {
+        "session_id": "s000",
+        "turn": 0,
+        "follows_tool": False,
+        "expects_tool": True,
+    }
+    assert second.extra_args() == {
+        "session_id": "s000",
+        "turn": 1,
+        "follows_tool": True,
+        "expects_tool": False,
+    }
+    assert all(8 <= call.max_tokens <= 48 for calls in sessions for call in calls)
+    assert all(0 < token < VOCAB for call in (first, second) for token in call.new_tokens)
+
+
+def test_the_queue_depends_on_the_seed_only() -> None:
+    assert build_sessions(QueueShape(seed=5)) == build_sessions(QueueShape(seed=5))
+    assert build_sessions(QueueShape(seed=5)) != build_sessions(QueueShape(seed=6))
+
+
+def test_sampled_tokens_are_in_the_vocabulary_and_fixed_by_position() -> None:
+    assert synthetic_token(0) == 1
+    assert synthetic_token(1) == 1 + 7919 % (VOCAB - 1)
+    assert all(0 < synthetic_token(p) < VOCAB for p in range(5000))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("sessions", 0), ("turns", 0), ("output", (5, 4)), ("tool_result", (0, 3))]
+)
+def test_a_bad_queue_shape_is_refused(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field if field in ("output", "tool_result") else "one"):
+        QueueShape(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_both_schedulers_finish_every_call_with_the_same_tokens(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "figures.json"
+    # 6 sessions of 3 turns (contexts up to 1,680 tokens: 105 blocks) in 160 KV blocks:
+    # not all fit at once, so calls wait.
+    subprocess.run(
+        [
+            str(vllm_python), "-m", "agentmars.server.engines.vllm.bench_schedule",
+            "--sessions", "6", "--turns", "3", "--reps", "1", "--kv-blocks", "160",
+            "--json", str(out),
+        ],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    figures = json.loads(out.read_text())
+    # ignore_eos: every call generates exactly its max_tokens.
+    sessions = build_sessions(QueueShape(sessions=6, turns=3))
+    expected_tokens = sum(call.max_tokens for calls in sessions for call in calls)
+    assert set(figures["schedulers"]) == {"stock", "fcfs", "continuum"}
+    for name, row in figures["schedulers"].items():
+        assert (row["calls_finished"], row["output_tokens"]) == (18, expected_tokens), name
+        assert row["schedule"]["calls"] == row["steps_per_run"] > 0
+        assert row["schedule"]["p50_us"] > 0
+    assert figures["same_tokens"] is True
+    ratios = figures["schedule_ratio_to_stock"]
+    assert set(ratios) == {"fcfs", "continuum"}
+    assert all(r["p50"] > 0 and r["mean"] > 0 and r["per_run"] > 0 for r in ratios.values())

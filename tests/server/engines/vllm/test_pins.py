@@ -1,0 +1,58 @@
+"""``PinTable`` over vLLM's real ``BlockPool`` (in the vLLM environment): expiry in
+TTL order, a replaced pin's old expiry ignored, free blocks back to the baseline."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SCRIPT = textwrap.dedent(
+    """
+    from vllm.v1.core.block_pool import BlockPool
+    from agentmars.server.engines.vllm.pins import PinTable
+
+    pool = BlockPool(num_gpu_blocks=11, enable_caching=True, hash_block_size=16)
+    free = pool.get_num_free_blocks  # 10: block 0 is vLLM's null block
+    assert free() == 10
+    a, b = pool.get_new_blocks(3), pool.get_new_blocks(2)
+    table = PinTable(pool, 16)
+    table.pin("a", a, now=0.0, ttl_s=5.0, session_arrival_s=0.0)
+    table.pin("b", b, now=1.0, ttl_s=1.0, session_arrival_s=1.0)
+    table.pin("c", a[:1], now=1.0, ttl_s=None, session_arrival_s=1.0)
+    pool.free_blocks(a)
+    pool.free_blocks(b)  # the calls' own references: the pins hold all five blocks
+    assert (free(), table.pinned_blocks) == (5, 6)
+
+    assert table.release_expired(1.9) == []
+    assert [p.session_id for p in table.release_expired(2.0)] == ["b"]
+    assert free() == 7
+
+    # A newer pin of "a" replaces the old one; the old expiry (5.0) must not release it.
+    table.pin("a", a, now=3.0, ttl_s=10.0, session_arrival_s=0.0)
+    assert free() == 7
+    assert table.release_expired(6.0) == []
+    assert [p.session_id for p in table.release_expired(13.0)] == ["a"]
+    assert (free(), len(table)) == (9, 1)  # "c" has no TTL: it stays until released
+
+    # Pins that come and go under a long TTL do not pile up in the expiry queue.
+    for i in range(500):
+        table.pin("d", b, now=20.0 + i, ttl_s=3600.0, session_arrival_s=0.0)
+        table.release("d", "next_call")
+    assert len(table._expiries) <= 2 * len(table) + 64
+    assert table.release_all("shutdown") == 1
+    assert (free(), table.pinned_blocks, table.released["expired"]) == (10, 0, 2)
+    print("ok")
+    """
+)
+
+
+@pytest.mark.slow
+def test_pins_expire_in_ttl_order_over_vllms_block_pool(vllm_python: Path) -> None:
+    done = subprocess.run(
+        [str(vllm_python), "-c", SCRIPT], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("ok")
