@@ -21,6 +21,9 @@ from rich.table import Table
 from agentmars.bench.report import publish, verdict
 
 TARGET_RATIO = 1.10
+"""Issue 5's target on the cost of a schedule() call, the mean (the time it adds per
+call; a p50 compares the middle steps of two runs whose step mixes differ once the
+policy changes what runs: docs/benchmarks.md)."""
 MODULE = "agentmars.server.engines.vllm.bench_schedule"
 TIMEOUT_S = 1800.0
 
@@ -76,7 +79,7 @@ def table(figures: dict[str, Any]) -> Table:
     title = (
         f"schedule(): {queue['sessions'] * queue['turns']} calls "
         f"({queue['sessions']} sessions x {queue['turns']} turns), {figures['reps']} runs "
-        f"each, alternating; target x p50 <= {TARGET_RATIO:.2f}"
+        f"each, alternating; target x mean <= {TARGET_RATIO:.2f}"
     )
     caption = "fcfs, continuum: the plugin with that policy. "
     if figures["same_tokens"]:
@@ -98,7 +101,7 @@ def table(figures: dict[str, Any]) -> Table:
             f"{ratio['p50']:.3f}",
             f"{ratio['mean']:.3f}",
             f"{ratio['per_run']:.3f}",
-            "" if name == "stock" else verdict(ratio["p50"] <= TARGET_RATIO),
+            "" if name == "stock" else verdict(ratio["mean"] <= TARGET_RATIO),
         )
     return result
 
@@ -108,6 +111,6 @@ def run(options: PluginBenchOptions, json_out: Path | None) -> dict[str, Any]:
     figures = measure(options)
     figures["target_ratio"] = TARGET_RATIO
     figures["passed"] = all(
-        r["p50"] <= TARGET_RATIO for r in figures["schedule_ratio_to_stock"].values()
+        r["mean"] <= TARGET_RATIO for r in figures["schedule_ratio_to_stock"].values()
     )
     return publish(table(figures), figures, json_out)

@@ -91,3 +91,47 @@ def test_both_schedulers_finish_every_call_with_the_same_tokens(
     ratios = figures["schedule_ratio_to_stock"]
     assert set(ratios) == {"fcfs", "continuum"}
     assert all(r["p50"] > 0 and r["mean"] > 0 and r["per_run"] > 0 for r in ratios.values())
+
+
+WAITING_ORDER_PROBE = """
+import json
+from agentmars.server.engines.vllm import bench_schedule as b
+from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
+
+scheduler = b.make_scheduler("continuum", ensure_tiny_model(), b.SchedulerShape())
+factory = b.RequestFactory(16)
+sessions = b.build_sessions(b.QueueShape(sessions=3, turns=1))
+for calls in sessions:
+    scheduler.add_request(factory.make(calls[0], []))
+pins, orders = scheduler.pin_table, []
+
+def order():
+    scheduler._forget_changed_keys()
+    scheduler._order_waiting()
+    orders.append([r.sampling_params.extra_args["session_id"] for r in scheduler.waiting])
+
+order()
+pins.pin("s002", [], now=0.0, ttl_s=None, session_arrival_s=0.0)
+order()
+pins.release("s002", "expired")
+pins.pin("s001", [], now=0.0, ttl_s=None, session_arrival_s=0.0)
+order()
+print(json.dumps(orders))
+"""
+
+
+@pytest.mark.slow
+def test_the_kept_waiting_order_follows_pin_changes(vllm_python: Path) -> None:
+    """Continuum's priority reads only pins, so the plugin keeps each waiting call's key
+    until its session's pin changes: a pinned session's call goes first, and goes back
+    when the pin goes."""
+    done = subprocess.run(
+        [str(vllm_python), "-c", WAITING_ORDER_PROBE],
+        check=True, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    orders = json.loads(done.stdout.strip().splitlines()[-1])
+    assert orders == [
+        ["s000", "s001", "s002"],
+        ["s002", "s000", "s001"],
+        ["s001", "s000", "s002"],
+    ]

@@ -73,9 +73,8 @@ class PinTable:
         # they come up): the check at every step looks at the first one only.
         self._expiries: list[tuple[float, int, Pin]] = []
         self._order = itertools.count()
-        self.changes = 0
-        """Pins taken or released so far (a pin replaced by its session's next counts
-        too): equal counts mean the same sessions hold pins."""
+        self.changed: set[str] = set()
+        """Sessions whose pin was taken or released since a reader last emptied this."""
 
     def pin(
         self,
@@ -102,7 +101,7 @@ class PinTable:
         )
         self.pins[session_id] = pin
         self.pinned_blocks += pin.blocks
-        self.changes += 1
+        self.changed.add(session_id)
         if pin.expires_s is not None:
             heapq.heappush(self._expiries, (pin.expires_s, next(self._order), pin))
             if len(self._expiries) > 2 * len(self.pins) + 64:
@@ -117,7 +116,7 @@ class PinTable:
         """Give the session's blocks back to the prefix cache (None: it had no pin)."""
         pin = self.pins.pop(session_id, None)
         if pin is not None:
-            self.changes += 1
+            self.changed.add(session_id)
             self.released[reason] += 1
             # Last block first, as vLLM frees a request's blocks: the tail of a context
             # is evicted before its head, so a later call still hits the longest prefix.

@@ -116,10 +116,10 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         # The default priority is the arrival (then, as for every policy, the request
         # id): the same order, read from the requests without building their views.
         self._arrival_order = policy.priority is Policy.priority
-        # The queue is left as it is while it holds the same calls in the order of the
-        # last sort and, for a priority that reads pins, the same sessions hold pins.
-        self._keep_order = self._arrival_order or policy.priority_reads_pins_only
-        self._last_order: tuple[list[Any], int] = ([], -1)
+        # A priority that reads only the call and the pins is kept per waiting call
+        # (with its session) until that session's pin changes.
+        self._keep_keys = policy.priority_reads_pins_only
+        self._keys: dict[str, tuple[str, Any]] = {}
         if policy.chunk is Policy.chunk:
             self._reserve_prefill_lookahead = super()._reserve_prefill_lookahead  # type: ignore[method-assign]
         # The default victim is the last running call, the one vLLM takes anyway.
@@ -162,6 +162,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         self._take_hints()
         self.pin_table.release_expired(self.engine_view.now)
+        self._forget_changed_keys()
         self._order_waiting()
         output = super().schedule(*args, **kwargs)
         self.steps += output.total_num_scheduled_tokens > 0
@@ -186,23 +187,40 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     def _order_waiting(self) -> None:
         if len(self.waiting) < 2:
             return
-        if self._keep_order and self._last_order == (list(self.waiting), self.pin_table.changes):
-            return
         if self._arrival_order:
             ordered = sorted(self.waiting, key=ARRIVAL_ORDER)
         else:
-            view, priority = self.engine_view, self.agentmars_policy.priority
-            ordered = sorted(
-                self.waiting,
-                key=lambda request: (
-                    priority(view.call(request), view),
-                    request.arrival_time,
-                    request.request_id,
-                ),
-            )
+            keys = self._waiting_keys()
+            ordered = sorted(self.waiting, key=lambda request: keys[request.request_id])
         self.waiting.clear()
         self.waiting.extend(ordered)
-        self._last_order = (ordered, self.pin_table.changes)
+
+    def _waiting_keys(self) -> dict[str, Any]:
+        """Each waiting call's sort key: the policy's priority, then arrival and id."""
+        view, priority = self.engine_view, self.agentmars_policy.priority
+        known = self._keys
+        keys, kept = {}, {}
+        for request in self.waiting:
+            request_id = request.request_id
+            entry = known.get(request_id)
+            if entry is None:
+                call = view.call(request)
+                key = (priority(call, view), request.arrival_time, request_id)
+                entry = (call.session_id, key)
+            keys[request_id] = entry[1]
+            kept[request_id] = entry
+        if self._keep_keys:
+            self._keys = kept  # the calls waiting now, no more
+        return keys
+
+    def _forget_changed_keys(self) -> None:
+        """Drop the kept keys of the sessions whose pin changed since the last step."""
+        changed = self.pin_table.changed
+        if changed:
+            if self._keys:
+                kept = self._keys.items()
+                self._keys = {r: entry for r, entry in kept if entry[0] not in changed}
+            changed.clear()
 
     def _reserve_prefill_lookahead(
         self, request: Any, num_computed_tokens: int, num_new_tokens: int
@@ -244,8 +262,15 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             # vLLM preempts the last running call next: make it the policy's victim.
             steer_victim(self.running, request, self._choose_victim)
         pins = self.pin_table.pins
-        # Most allocations are decode steps while no pin is held: check that first.
-        if blocks is not None and pins and (session_id := session_of(request)) in pins:
+        # A session's next call takes over its pin when it leaves the waiting queue; the
+        # other allocations (most: running calls' decode steps) are told apart cheaply
+        # first.
+        if (
+            blocks is not None
+            and pins
+            and request.status != RequestStatus.RUNNING
+            and (session_id := session_of(request)) in pins
+        ):
             # The call holds its own references to the shared blocks now.
             self.pin_table.release(session_id, "next_call")
         return blocks
