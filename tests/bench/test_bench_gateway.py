@@ -10,15 +10,20 @@ import pytest
 from agentmars.bench.gateway import run
 
 
-def test_gateway_figures_are_complete_and_the_gateway_path_is_the_longer(tmp_path: Path) -> None:
+def test_gateway_figures_are_complete_and_the_proxied_paths_are_the_longer(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "gateway.json"
     result = run(30, out)
     assert json.loads(out.read_text()) == result
-    assert result["calls"] == 30
-    for path in ("direct_ms", "gateway_ms"):
-        figures = result[path]
-        assert 0 < figures["p50"] <= figures["p90"] <= figures["p99"]
-    # One more loopback hop and a proxy cannot be faster than going straight there.
-    assert result["gateway_ms"]["p50"] > result["direct_ms"]["p50"]
-    added = result["gateway_ms"]["p50"] - result["direct_ms"]["p50"]
-    assert result["added_p50_ms"] == pytest.approx(added)
+    assert (result["calls"], result["engine"]) == (30, "scripted")
+    for proxy in ("gateway", "pass_through"):
+        phase = result[proxy]
+        for path in ("direct_ms", "through_ms"):
+            assert 0 < phase[path]["p50"] <= phase[path]["p90"] <= phase[path]["p99"]
+        # One more loopback hop and a proxy cannot be faster than going straight there.
+        added = phase["through_ms"]["p50"] - phase["direct_ms"]["p50"]
+        assert added > 0
+        assert phase["added_p50_ms"] == pytest.approx(added)
+    assert result["added_p50_ms"] == result["gateway"]["added_p50_ms"]
+    assert result["passed"] == (result["added_p50_ms"] <= result["target_added_p50_ms"])

@@ -1,5 +1,5 @@
-"""``agentmars bench plugin`` and ``agentmars bench session-mix`` refuse bad input
-with exit status 2 and a message, before starting anything."""
+"""``agentmars bench plugin``, ``session-mix`` and ``gateway`` (over vLLM) refuse bad
+input with exit status 2 and a message, before starting anything."""
 
 from __future__ import annotations
 
@@ -40,6 +40,13 @@ def test_a_vllm_python_that_does_not_exist_is_named(command: str, tmp_path: Path
     assert f"the vLLM python {missing} does not exist" in done.stderr
     # The environment variable is read the same way.
     done = _run(command, env_python=str(missing))
+    assert done.returncode == 2
+    assert f"the vLLM python {missing} does not exist" in done.stderr
+
+
+def test_the_gateway_bench_over_vllm_names_a_missing_python(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-python"
+    done = _run("gateway", "--vllm-python", str(missing))
     assert done.returncode == 2
     assert f"the vLLM python {missing} does not exist" in done.stderr
 

@@ -28,7 +28,6 @@ import math
 import random
 import re
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -262,17 +261,6 @@ class EngineShape:
     """The longest context (``MixShape.max_context``)."""
     cores: str | None = "0"
     log_dir: Path = Path("out/bench-session-mix")
-
-
-def tiny_model(python: Path) -> Path:
-    """The tiny model's directory (made in the vLLM environment if need be)."""
-    done = subprocess.run(
-        [str(python), "-m", "agentmars.server.engines.vllm.tiny_model"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(f"the tiny model could not be made: {done.stderr.strip()[-500:]}")
-    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def _serve_argv(engine: EngineShape, policy: str) -> list[str]:

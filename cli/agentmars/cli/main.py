@@ -135,12 +135,24 @@ def bench_sandbox(
 @bench_app.command("gateway")
 def bench_gateway(
     calls: Annotated[int, typer.Option(min=10, help="Completions on each path.")] = 500,
+    vllm_python: Annotated[
+        Path | None,
+        typer.Option(
+            help="Measure over vLLM CPU (tiny model) run by this python, not the scripted engine."
+        ),
+    ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
 ) -> None:
     """Latency the gateway adds to a short completion (target p50 <= 2 ms)."""
     from agentmars.bench.gateway import run
+    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
 
-    run(calls, json_out)
+    try:
+        python = find_vllm_python(vllm_python) if vllm_python is not None else None
+        run(calls, json_out, python)
+    except (BenchSetupError, RuntimeError) as exc:  # RuntimeError: vLLM did not start
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 @bench_app.command("plugin")
@@ -197,8 +209,8 @@ def bench_session_mix(
     """Policies on vLLM CPU with the plugin and the gateway: a replayed mix of agent
     sessions, one policy after the other (session latency, TTFT after tools, prefix-cache
     hit rate). Several minutes: vLLM starts once per policy."""
-    from agentmars.bench.session_mix import EngineShape, MixShape, SessionMixError, run, tiny_model
-    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+    from agentmars.bench.session_mix import EngineShape, MixShape, SessionMixError, run
+    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python, tiny_model
     from agentmars.server.policies.registry import UnknownPolicy, policy_class
     from agentmars.server.workloads.errors import WorkloadError
 
