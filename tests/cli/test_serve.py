@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentmars.sdk.events import SessionEnd
 from agentmars.server.background import free_loopback_port
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME
+from tests.cli.serving import wait_for
 from tests.server.engines.vllm.conftest import vllm_python  # noqa: F401  (the fixture)
 
 CLI = [sys.executable, "-m", "agentmars.cli.main", "serve"]
@@ -30,19 +31,6 @@ def _tiny_model(python: Path) -> Path:
         capture_output=True, text=True, check=True, timeout=600,
     )  # fmt: skip
     return Path(done.stdout.strip().splitlines()[-1])
-
-
-def _wait_for(url: str, process: subprocess.Popen[str], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.stderr.read() if process.stderr else ""
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(1.0)
-    raise AssertionError(f"{url} did not answer within {timeout_s} s")
 
 
 def _start(python: Path, port: int, log: Path) -> subprocess.Popen[str]:
@@ -123,7 +111,7 @@ def test_serve_answers_through_the_gateway_and_stops_cleanly(
     base = f"http://127.0.0.1:{port}"
     descendants: list[psutil.Process] = []
     try:
-        _wait_for(base + "/healthz", process, timeout_s=600)
+        wait_for(base + "/healthz", process, timeout_s=600)
         descendants = psutil.Process(process.pid).children(recursive=True)
         assert _vllm_children(process)
         reply = httpx.post(

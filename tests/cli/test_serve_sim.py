@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentmars.sdk.events import ToolEnd, ToolStart
 from agentmars.server.background import free_loopback_port
+from tests.cli.serving import wait_for
 
 CLI = [sys.executable, "-m", "agentmars.cli.main", "serve"]
 ENV = {**os.environ, "AGENTMARS_GATEWAY_TOKEN": "test-token"}
@@ -26,19 +27,6 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CLI, *args], env=ENV, capture_output=True, text=True, timeout=60, check=False
     )
-
-
-def _wait_for(url: str, process: subprocess.Popen[str], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.stderr.read() if process.stderr else ""
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not answer within {timeout_s} s")
 
 
 def _metric(base: str, name: str) -> float:
@@ -80,7 +68,7 @@ def test_serve_sim_answers_through_the_gateway_and_stops_cleanly() -> None:
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_for(base + "/healthz", process, timeout_s=30)
+        wait_for(base + "/healthz", process, timeout_s=30)
         # The engine serves from a thread of the same process: no child to leave behind.
         assert psutil.Process(process.pid).children(recursive=True) == []
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused")

@@ -273,6 +273,18 @@ def in_background(client: httpx.Client, call: Call) -> Background:
 # --- the tests -------------------------------------------------------------------------
 
 
+def _check_aborted(engine: Engine, client: httpx.Client, finished: float) -> None:
+    """vLLM aborted the client's call (none running, no success counted since
+    ``finished``), no pin is left, and the gateway freed the slot and counted the call
+    as cancelled."""
+    wait_for_metric(engine.url, "vllm:num_requests_running", 0.0)
+    assert engine_metric(engine.url, "vllm:request_success") == finished
+    figures = kv_status(engine.status)
+    assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
+    wait_until(lambda: gateway_metric(client, "agentmars_active_sessions") == 0, "slot freed")
+    assert gateway_metric(client, "agentmars_llm_calls_total", status="cancelled") == 1
+
+
 class TestGatewayOnVllm:
     """Every test of the module: they share the class-scoped vLLM server."""
 
@@ -400,15 +412,8 @@ class TestGatewayOnVllm:
                 # The running call holds its blocks itself: its session's pin is gone.
                 assert (running["pinned"], running["pins"]) == (0, 0)
                 assert released(running, pinned) == {"next_call": 1}
-            wait_for_metric(engine.url, "vllm:num_requests_running", 0.0)
             # The 2,000-token call never ran to its end.
-            assert engine_metric(engine.url, "vllm:request_success") == finished
-            figures = kv_status(engine.status)
-            assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
-            wait_until(
-                lambda: gateway_metric(client, "agentmars_active_sessions") == 0, "slot freed"
-            )
-            assert gateway_metric(client, "agentmars_llm_calls_total", status="cancelled") == 1
+            _check_aborted(engine, client, finished)
             complete(client, agent_call("next", random_prompt(50, vocab_size, seed=33), 4))
 
     @pytest.mark.slow
@@ -426,14 +431,7 @@ class TestGatewayOnVllm:
             body, headers = agent_call("leaving", context, 2000, turn=1, follows_tool=True)
             with pytest.raises(httpx.ReadTimeout):
                 client.post("/v1/completions", json=body, headers=headers, timeout=1.0)
-            wait_for_metric(engine.url, "vllm:num_requests_running", 0.0)
-            assert engine_metric(engine.url, "vllm:request_success") == finished
-            figures = kv_status(engine.status)
-            assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
-            wait_until(
-                lambda: gateway_metric(client, "agentmars_active_sessions") == 0, "slot freed"
-            )
-            assert gateway_metric(client, "agentmars_llm_calls_total", status="cancelled") == 1
+            _check_aborted(engine, client, finished)
             complete(client, agent_call("next", random_prompt(50, vocab_size, seed=35), 4))
 
     @pytest.mark.slow
