@@ -19,24 +19,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentmars.sdk.events import SessionEnd
 from agentmars.server.background import free_loopback_port
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME
+from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 from tests.cli.serving import wait_for
 from tests.server.engines.vllm.conftest import vllm_python  # noqa: F401  (the fixture)
 
 CLI = [sys.executable, "-m", "agentmars.cli.main", "serve"]
 
 
-def _tiny_model(python: Path) -> Path:
-    done = subprocess.run(
-        [str(python), "-m", "agentmars.server.engines.vllm.tiny_model"],
-        capture_output=True, text=True, check=True, timeout=600,
-    )  # fmt: skip
-    return Path(done.stdout.strip().splitlines()[-1])
-
-
 def _start(python: Path, port: int, log: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
-            *CLI, "--model", str(_tiny_model(python)), "--vllm-python", str(python),
+            *CLI, "--model", str(tiny_model_made_by(python)), "--vllm-python", str(python),
             "--policy", "continuum", "--port", str(port), "--cores", "0",
             "--num-blocks", "64", "--max-model-len", "4096", "--log", str(log),
         ],

@@ -23,9 +23,9 @@ import httpx
 from rich.table import Table
 
 from agentmars.bench.report import ProgressFn, percentiles_us, progress_bars, publish, verdict
-from agentmars.bench.vllm_env import tiny_model
 from agentmars.server.background import serve_in_subprocess, serve_in_thread
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME, VllmServerConfig, serve_vllm
+from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 from agentmars.server.scripted_llm import ScriptedLatency, create_scripted_llm_app
 
 TARGET_ADDED_P50_MS = 2.0
@@ -56,7 +56,7 @@ def _engine(vllm_python: Path | None) -> Iterator[tuple[str, str]]:
             yield url, MODEL
         return
     config = VllmServerConfig(
-        python=vllm_python, model=tiny_model(vllm_python), max_model_len=2048, cores="0"
+        python=vllm_python, model=tiny_model_made_by(vllm_python), max_model_len=2048, cores="0"
     )
     with (
         tempfile.TemporaryDirectory(prefix="agentmars-bench-") as folder,

@@ -210,7 +210,8 @@ def bench_session_mix(
     sessions, one policy after the other (session latency, TTFT after tools, prefix-cache
     hit rate). Several minutes: vLLM starts once per policy."""
     from agentmars.bench.session_mix import EngineShape, MixShape, SessionMixError, run
-    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python, tiny_model
+    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+    from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
     from agentmars.server.policies.registry import UnknownPolicy, policy_class
     from agentmars.server.workloads.errors import WorkloadError
 
@@ -221,7 +222,9 @@ def bench_session_mix(
         for name in names or [""]:
             policy_class(name)
         shape.check()
-        engine = EngineShape(python, tiny_model(python), num_blocks, max_context, cores, log_dir)
+        engine = EngineShape(
+            python, tiny_model_made_by(python), num_blocks, max_context, cores, log_dir
+        )
         run(engine, shape, names, json_out)
     except (BenchSetupError, SessionMixError, UnknownPolicy, WorkloadError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)

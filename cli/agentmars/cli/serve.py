@@ -17,10 +17,8 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-import uvicorn
-
 from agentmars.server.engines.vllm.launch import CPU_BLOCK_SIZE, VllmServerConfig, serve_vllm
-from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
+from agentmars.server.gateway.app import GatewayConfig, create_gateway_app, run_gateway
 from agentmars.server.policies.registry import UnknownPolicy, policy_class
 
 PLUGIN_CLASS = "agentmars.server.engines.vllm.plugin.AgentmarsScheduler"
@@ -59,7 +57,7 @@ class ServeOptions:
             raise ServeError(str(error)) from None
 
 
-def _stop_on_sigterm() -> None:
+def stop_on_sigterm() -> None:
     """SIGTERM raises like SIGINT does, so the context managers stop vLLM's group
     even while it is still starting (uvicorn handles both itself once it serves)."""
 
@@ -80,7 +78,7 @@ def _plugin_env(options: ServeOptions, sockets: str) -> dict[str, str]:
 
 def serve(options: ServeOptions) -> int:
     options.check()
-    _stop_on_sigterm()
+    stop_on_sigterm()
     engine = VllmServerConfig(
         python=options.vllm_python,
         model=options.model,
@@ -103,15 +101,11 @@ def serve(options: ServeOptions) -> int:
                 plugin_hints_address=f"ipc://{sockets}/hints",
             )
             app = create_gateway_app(gateway)
-            server = uvicorn.Server(
-                uvicorn.Config(app, host=options.host, port=options.port, log_level="warning")
-            )
-            app.state.gateway.stopping = lambda: server.should_exit
             print(
                 f"agentmars: gateway on http://{options.host}:{options.port}, engine {engine_url}",
                 flush=True,
             )
-            server.run()
+            run_gateway(app, options.host, options.port)
     except KeyboardInterrupt:
         pass
     return 0

@@ -13,16 +13,14 @@ SIGINT or SIGTERM stops the gateway, then the engine.
 
 from __future__ import annotations
 
-import signal
-import types
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
 from pydantic import ValidationError
 
+from agentmars.cli.serve import stop_on_sigterm
 from agentmars.server.background import serve_in_thread
-from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
+from agentmars.server.gateway.app import GatewayConfig, create_gateway_app, run_gateway
 from agentmars.server.gateway.telemetry import KVFigures
 from agentmars.server.policies.registry import UnknownPolicy, make_policy
 from agentmars.server.sim.cost_model import Profile, ProfileError, load_profile
@@ -93,20 +91,10 @@ def live_engine(options: SimServeOptions) -> LiveEngine:
         raise SimServeError(str(exc)) from None
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM raises like SIGINT does, so leaving the blocks below stops the engine
-    (uvicorn handles both itself while it serves, then raises them again)."""
-
-    def stop(signum: int, frame: types.FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-
-
 def serve_sim(options: SimServeOptions) -> int:
     """Serve until SIGINT or SIGTERM; 0 once everything has stopped."""
     engine = live_engine(options)
-    _stop_on_sigterm()
+    stop_on_sigterm()
     try:
         with serve_in_thread(create_live_app(engine)) as engine_url:
             config = GatewayConfig(
@@ -119,16 +107,12 @@ def serve_sim(options: SimServeOptions) -> int:
             )
             app = create_gateway_app(config)
             app.state.gateway.hub.subscribe(engine.observe_threadsafe)
-            server = uvicorn.Server(
-                uvicorn.Config(app, host=options.host, port=options.port, log_level="warning")
-            )
-            app.state.gateway.stopping = lambda: server.should_exit
             print(
                 f"agentmars: gateway on http://{options.host}:{options.port}, simulated "
                 f"engine ({engine.profile.name}, policy {options.policy}) {engine_url}",
                 flush=True,
             )
-            server.run()
+            run_gateway(app, options.host, options.port)
     except KeyboardInterrupt:
         pass
     return 0

@@ -347,6 +347,16 @@ def create_gateway_app(
     return app
 
 
+def run_gateway(app: FastAPI, host: str, port: int) -> None:
+    """Serve a gateway app with uvicorn until SIGINT or SIGTERM; open event streams end
+    when it stops."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    app.state.gateway.stopping = lambda: server.should_exit
+    server.run()
+
+
 TOKEN_ENV = "AGENTMARS_GATEWAY_TOKEN"
 
 
@@ -355,8 +365,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     from the environment, not the command line, where ``ps`` shows it."""
     import argparse
     import os
-
-    import uvicorn
 
     parser = argparse.ArgumentParser(
         prog="python -m agentmars.server.gateway.app", description=main.__doc__
@@ -392,11 +400,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         app = create_gateway_app(config)
     except ValueError as exc:  # an unknown policy, a bad token: say which
         parser.error(str(exc))
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
-    )
-    app.state.gateway.stopping = lambda: server.should_exit
-    server.run()
+    run_gateway(app, args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -26,13 +26,11 @@ from typing import Any
 import zmq
 
 from agentmars.sdk.events import AnyEvent, SessionEvent
+from agentmars.server.engines.vllm.kv_status import ZMQ_TOPIC
 from agentmars.server.gateway.telemetry import KVFigures
 
 log = logging.getLogger("agentmars.server")
 
-KV_TOPIC = b"agentmars.kv"
-"""The topic frame the plugin publishes under (``engines/vllm/kv_status.ZMQ_TOPIC``;
-that module imports nothing of the gateway's, so the name is repeated)."""
 HINT_QUEUE = 10_000
 POLL_MS = 100
 
@@ -59,7 +57,7 @@ class PluginLink:
             self._push.connect(self.hints_address)
         if self.kv_address:
             subscriber = self._context.socket(zmq.SUB)
-            subscriber.setsockopt(zmq.SUBSCRIBE, KV_TOPIC)
+            subscriber.setsockopt(zmq.SUBSCRIBE, ZMQ_TOPIC)
             subscriber.setsockopt(zmq.LINGER, 0)
             subscriber.connect(self.kv_address)
             self._reader = threading.Thread(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -16,18 +15,6 @@ from agentmars.server.engines.vllm.smoke import metric_total
 
 PLUGIN = "agentmars.server.engines.vllm.plugin.AgentmarsScheduler"
 """``--scheduler-cls`` of the agentmars plugin (the CPU backend's synchronous one)."""
-
-
-def tiny_model_dir(vllm_python: Path) -> Path:
-    """The tiny model's directory, made by the vLLM environment on first use."""
-    done = subprocess.run(
-        [str(vllm_python), "-m", "agentmars.server.engines.vllm.tiny_model"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def kv_status(path: Path, newer_than: float | None = None) -> dict[str, Any]:

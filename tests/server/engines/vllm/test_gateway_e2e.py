@@ -33,6 +33,7 @@ from agentmars.server.engines.vllm.launch import (
     serve_vllm,
 )
 from agentmars.server.engines.vllm.smoke import model_vocab_size, random_prompt
+from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
 from agentmars.server.policies.interface import EngineView, Policy, SessionView
 from tests.server.engines.vllm.helpers import (
@@ -41,7 +42,6 @@ from tests.server.engines.vllm.helpers import (
     kv_status,
     labelled_total,
     released,
-    tiny_model_dir,
     wait_for_metric,
 )
 
@@ -101,7 +101,7 @@ def engine(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     folder = tmp_path_factory.mktemp("gateway-e2e")
     config = VllmServerConfig(
         python=vllm_python,
-        model=tiny_model_dir(vllm_python),
+        model=tiny_model_made_by(vllm_python),
         max_model_len=MAX_MODEL_LEN,
         num_blocks=KV_BLOCKS,
         # vLLM's compute threads keep to core 0; this process (the gateway, the

@@ -33,7 +33,8 @@ from agentmars.server.engines.vllm.plugin_config import (
 )
 from agentmars.server.engines.vllm.preemption import steer_victim
 from agentmars.server.engines.vllm.smoke import metric_total, model_vocab_size, random_prompt
-from tests.server.engines.vllm.helpers import PLUGIN, kv_status, released, tiny_model_dir
+from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
+from tests.server.engines.vllm.helpers import PLUGIN, kv_status, released
 
 TIMEOUT_S = 120.0
 
@@ -203,7 +204,7 @@ TEST_POLICY = textwrap.dedent(
 
 @pytest.fixture(scope="session")
 def tiny_model(vllm_python: Path) -> Path:
-    return tiny_model_dir(vllm_python)
+    return tiny_model_made_by(vllm_python)
 
 
 @pytest.fixture(scope="session")

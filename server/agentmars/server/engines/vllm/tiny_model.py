@@ -247,6 +247,20 @@ def _require(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
+def tiny_model_made_by(python: Path) -> Path:
+    """The cached tiny model's directory, made by ``python`` (the vLLM environment's,
+    which has the libraries that build it) on first use."""
+    import subprocess
+
+    done = subprocess.run(
+        [str(python), "-m", "agentmars.server.engines.vllm.tiny_model"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the tiny model could not be made: {done.stderr.strip()[-500:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: build (or find) the tiny model and print its directory."""
     parser = argparse.ArgumentParser(
