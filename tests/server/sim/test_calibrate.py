@@ -295,7 +295,10 @@ def test_measuring_the_paced_engine_recovers_its_coefficients(paced_url: str) ->
         assert [s.prompt_tokens for s in probe.streams] == list(plan.prompt_tokens)
         assert [len(s.token_s) for s in probe.streams] == list(plan.max_tokens)
     got = fit_recording(recording).cost
-    assert COST.c0 <= got.c0 < COST.c0 + 0.005
+    # Timers are late, never early, so c0 comes out high; but the engine starts a step
+    # where the previous one was due to end (live.CATCH_UP_S), so a step after a late
+    # one is measured a little short and the fit may land just under c0 (4 µs once).
+    assert COST.c0 - 0.001 <= got.c0 < COST.c0 + 0.005
     assert got.c1 == pytest.approx(COST.c1, rel=0.25)
     assert got.c2 == pytest.approx(COST.c2, rel=0.5)
     assert got.c3 == pytest.approx(COST.c3, rel=0.25)
