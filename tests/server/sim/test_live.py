@@ -39,6 +39,10 @@ MODEL = "cpu-tiny"
 TIMER_SLACK_S = 0.03
 """What a client sees beyond the modelled time: HTTP, JSON and the event loop's timer
 (about 3 ms here when idle; room for a loaded 2-core machine)."""
+RUNS = 3
+"""Each timing is measured this many times. The modelled time is a floor every run must
+respect; the slack is a ceiling for the fastest run, because a busy machine can only
+ever add time (a CI run once saw one stream 40 ms late)."""
 
 
 def _profile(**limits: int) -> Profile:
@@ -99,14 +103,20 @@ def test_a_lone_call_takes_the_modelled_prefill_then_decode_steps(
     assert engine.cost.step_time(StepShape(2000, chunk_attention(2000, 0))) == pytest.approx(
         prefill, rel=1e-3
     )
-    result = _stream(client, {"prompt": "x" * 8000, "max_tokens": 11}, None)
-    assert prefill <= result["ttft"] <= prefill + TIMER_SLACK_S
     # Then one token a step: c0 + c3 + c4 * context, about 4.37 ms at 2001..2010 tokens.
     decode = sum(engine.cost.decode_time(2000 + k) for k in range(1, 11))
-    took = result["times"][-1] - result["times"][0]
-    assert decode * 0.95 <= took <= decode + TIMER_SLACK_S
-    assert result["usage"]["prompt_tokens"] == 2000
-    assert result["usage"]["completion_tokens"] == 11
+    ttfts, totals = [], []
+    for letter in "xyz"[:RUNS]:  # a new prompt each run: no prefix hit from the last
+        result = _stream(client, {"prompt": letter * 8000, "max_tokens": 11}, None)
+        assert result["usage"]["prompt_tokens"] == 2000
+        assert result["usage"]["completion_tokens"] == 11
+        ttfts.append(result["ttft"])
+        totals.append(result["times"][-1])
+    # Each step starts where the previous one was due to end, so no token comes before
+    # its modelled time; the gaps between tokens as a client sees them can be shorter
+    # (a late first chunk), so the floor is on the times since the request.
+    assert prefill <= min(ttfts) <= prefill + TIMER_SLACK_S, ttfts
+    assert prefill + decode <= min(totals) <= prefill + decode + TIMER_SLACK_S, totals
 
 
 def _session_after_other_traffic(policy: str) -> tuple[dict[str, Any], float]:
@@ -123,15 +133,18 @@ def _session_after_other_traffic(policy: str) -> tuple[dict[str, Any], float]:
 
 
 def test_a_pinned_session_hits_its_prefix_and_starts_sooner_than_a_displaced_one() -> None:
-    pinned, pinned_hits = _session_after_other_traffic("continuum")
+    runs = [_session_after_other_traffic("continuum") for _ in range(RUNS)]
     displaced, displaced_hits = _session_after_other_traffic("fcfs")
     # Pinned: s's first call leaves 2903 computed tokens, 22 full blocks (2816 tokens),
     # pinned; the other calls fit beside the pin (26 free blocks, 23 needed). The next
     # call computes 184 tokens after 2816: 3.90 + 1.88 + 3.21 = 9.0 ms.
-    assert pinned["usage"]["prompt_tokens_details"]["cached_tokens"] == 2816
-    assert pinned_hits == 2816
+    assert [hits for _, hits in runs] == [2816] * RUNS
+    assert [pinned["usage"]["prompt_tokens_details"]["cached_tokens"] for pinned, _ in runs] == [
+        2816
+    ] * RUNS
     pinned_prefill = 0.0039013 + 1.0219e-5 * 184 + 6.0039e-9 * 184 * (2 * 2816 + 185) / 2
-    assert pinned_prefill <= pinned["ttft"] <= pinned_prefill + TIMER_SLACK_S
+    ttfts = [pinned["ttft"] for pinned, _ in runs]
+    assert pinned_prefill <= min(ttfts) <= pinned_prefill + TIMER_SLACK_S, ttfts
     # Released: the free queue hands out the 25 never-used blocks first, then s's blocks
     # from its tail (freed in reverse); the second other call takes 21 of them, leaving
     # s's first two blocks: 256 tokens hit, 2744 computed in two chunks (2048 after 256,
@@ -142,7 +155,7 @@ def test_a_pinned_session_hits_its_prefix_and_starts_sooner_than_a_displaced_one
         0.0039013 + 1.0219e-5 * 696 + 6.0039e-9 * 696 * (2 * 2304 + 697) / 2
     )
     assert displaced["ttft"] >= displaced_prefill
-    assert pinned["ttft"] < displaced["ttft"]
+    assert min(ttfts) < displaced["ttft"], (ttfts, displaced["ttft"])
 
 
 def test_a_session_whose_context_does_not_grow_starts_over() -> None:
