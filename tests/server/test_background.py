@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -71,3 +74,33 @@ def test_subprocess_children_that_outlive_the_server_are_stopped_too(tmp_path: P
         group = os.getpgid(int(child_pid_file.read_text()))
         assert len(live_group_members(group)) == 2
     assert live_group_members(group) == []
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_during_the_start_still_stops_the_server(
+    stop: signal.Signals, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop that lands just after the fork (a CI run once left a starting vLLM
+    behind this way) takes effect once the server is known, and stops its group."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def popen_then_signal(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(real_popen(*args, **kwargs))
+        os.kill(os.getpid(), stop)  # real and synchronous: it arrives before we return
+        return started[0]
+
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", popen_then_signal)
+    # The way `agentmars serve` stops on SIGTERM: it raises as SIGINT does.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        command = [sys.executable, "-m", "agentmars.server.ingest"]
+        with (
+            pytest.raises(KeyboardInterrupt),
+            serve_in_subprocess(command, env={TOKEN_ENV: "t0ken"}, startup_timeout_s=30),
+        ):
+            pytest.fail("the server must not be served after a stop")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert started and started[0].poll() is not None
+    assert live_group_members(started[0].pid) == []

@@ -76,19 +76,53 @@ def serve_in_subprocess(
     port = free_loopback_port() if port is None else port
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(log_path.open("wb")) if log_path else None
-        process = subprocess.Popen(
-            [*argv, "--port", str(port)],
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-            stdout=log or subprocess.DEVNULL,
-            stderr=log or subprocess.PIPE,
-        )
-    base_url = f"http://127.0.0.1:{port}"
+        with _stop_signals_held():
+            process = subprocess.Popen(
+                [*argv, "--port", str(port)],
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+                stdout=log or subprocess.DEVNULL,
+                stderr=log or subprocess.PIPE,
+            )
+            stack.callback(_stop_group_holding_signals, process, stop_grace_s)
+        _wait_healthy(process, f"http://127.0.0.1:{port}{health_path}", startup_timeout_s, log_path)
+        yield f"http://127.0.0.1:{port}"
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive in the block take effect at its end.
+
+    A stop signal raises (KeyboardInterrupt) wherever the main thread is: inside
+    ``Popen`` after the fork it would leave a child nobody knows of, and inside
+    ``_stop_group`` a group half stopped. Signals reach Python's main thread only, so
+    elsewhere there is nothing to hold."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {stop: signal.getsignal(stop) for stop in STOP_SIGNALS}
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, lambda signum, frame: arrived.append(signum))
     try:
-        _wait_healthy(process, base_url + health_path, startup_timeout_s, log_path)
-        yield base_url
+        yield
     finally:
-        _stop_group(process, stop_grace_s)
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+        if arrived:  # one stop is enough; it takes effect as it would have
+            handler = previous[signal.Signals(arrived[0])]
+            if callable(handler):
+                handler(arrived[0], None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(arrived[0])
+
+
+def _stop_group_holding_signals(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    with _stop_signals_held():
+        _stop_group(process, grace_s)
 
 
 def _wait_healthy(
