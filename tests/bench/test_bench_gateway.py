@@ -27,3 +27,12 @@ def test_gateway_figures_are_complete_and_the_proxied_paths_are_the_longer(
         assert phase["added_p50_ms"] == pytest.approx(added)
     assert result["added_p50_ms"] == result["gateway"]["added_p50_ms"]
     assert result["passed"] == (result["added_p50_ms"] <= result["target_added_p50_ms"])
+
+
+def test_an_engine_latency_shows_in_every_direct_call() -> None:
+    result = run(20, None, engine_latency_ms=5)
+    assert result["engine_latency_ms"] == 5
+    for proxy in ("gateway", "pass_through"):
+        phase = result[proxy]
+        assert phase["direct_ms"]["p50"] >= 5
+        assert phase["through_ms"]["p50"] > phase["direct_ms"]["p50"]

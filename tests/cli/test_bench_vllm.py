@@ -51,6 +51,21 @@ def test_the_gateway_bench_over_vllm_names_a_missing_python(tmp_path: Path) -> N
     assert f"the vLLM python {missing} does not exist" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--engine-latency-ms", "5", "--vllm-python", sys.executable], "not vLLM"),
+        (["--engine-latency-ms", "-1"], "Invalid value for '--engine-latency-ms'"),
+    ],
+)
+def test_the_gateway_bench_refuses_an_engine_latency_it_cannot_use(
+    args: list[str], message: str
+) -> None:
+    done = _run("gateway", *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
 def test_session_mix_refuses_an_unknown_policy_before_starting_vllm() -> None:
     # Any existing file passes the python check; the policy is checked next.
     done = _run("session-mix", "--vllm-python", sys.executable, "--policies", "fcfs,nope")

@@ -2,11 +2,14 @@
 through the gateway (its own process, FCFS, on loopback), alternating call by call so
 both see the same machine.
 
-Two engines: our scripted OpenAI-compatible server with no modelled latency (the
-default), where the difference is the gateway's own cost (parsing, session metadata,
-events, admission, one more loopback hop); and vLLM CPU with the tiny model
-(``vllm_python``), the issue's "over direct vLLM", where the same difference sits in
-the engine's variance. Target (issue 5): p50 added latency <= 2 ms.
+Two engines: our scripted OpenAI-compatible server, by default answering at once
+(``engine_latency_ms`` makes it wait that long first), where the difference is the
+gateway's own cost (parsing, session metadata, events, admission, one more loopback
+hop); and vLLM CPU with the tiny model (``vllm_python``), the issue's "over direct
+vLLM", where the same difference sits in the engine's variance. An engine that takes
+a few ms makes the hop dearer than one that answers at once: the proxy's process is
+idle in between and its next step runs cold. Target (issue 5): p50 added latency
+<= 2 ms.
 """
 
 from __future__ import annotations
@@ -47,11 +50,12 @@ def _one(client: httpx.Client, url: str, body: dict[str, Any]) -> int:
 
 
 @contextlib.contextmanager
-def _engine(vllm_python: Path | None) -> Iterator[tuple[str, str]]:
-    """The engine's URL and model name: the scripted server, or vLLM CPU with the tiny
-    model on core 0 (the client and the gateway get the other core)."""
+def _engine(vllm_python: Path | None, latency_s: float) -> Iterator[tuple[str, str]]:
+    """The engine's URL and model name: the scripted server (answering after
+    ``latency_s``), or vLLM CPU with the tiny model on core 0."""
     if vllm_python is None:
-        app = create_scripted_llm_app(ScriptedLatency(first_token_s=0.0, per_token_s=0.0), MODEL)
+        latency = ScriptedLatency(first_token_s=latency_s, per_token_s=0.0)
+        app = create_scripted_llm_app(latency, MODEL)
         with serve_in_thread(app) as url:
             yield url, MODEL
         return
@@ -75,11 +79,16 @@ path in the same rotation slows all of them (by 0.4 ms here)."""
 
 
 def measure(
-    calls: int, progress: ProgressFn, vllm_python: Path | None = None
+    calls: int, progress: ProgressFn, vllm_python: Path | None = None, engine_latency_ms: float = 0
 ) -> dict[str, tuple[list[int], list[int]]]:
     """Per proxy: the direct and the proxied latencies (ns) of its phase."""
+    if vllm_python is not None and engine_latency_ms:
+        raise ValueError("an engine latency is for the scripted engine, not vLLM")
+    if engine_latency_ms < 0:
+        raise ValueError(f"the engine latency must be >= 0 ms, not {engine_latency_ms:g}")
     phases = {}
-    with _engine(vllm_python) as (engine_url, model), httpx.Client() as client:
+    engine = _engine(vllm_python, engine_latency_ms / 1000)
+    with engine as (engine_url, model), httpx.Client() as client:
         body = _body(model)
         for name, module in PROXIES.items():
             argv = [sys.executable, "-m", module, "--upstream", engine_url]
@@ -96,16 +105,25 @@ def measure(
     return phases
 
 
-def run(calls: int, json_out: Path | None, vllm_python: Path | None = None) -> dict[str, Any]:
+def run(
+    calls: int,
+    json_out: Path | None,
+    vllm_python: Path | None = None,
+    engine_latency_ms: float = 0,
+) -> dict[str, Any]:
     with progress_bars() as progress:
-        phases = measure(calls, progress, vllm_python)
-    engine = "scripted engine" if vllm_python is None else "vLLM CPU, tiny model"
+        phases = measure(calls, progress, vllm_python, engine_latency_ms)
+    if vllm_python is None:
+        engine = f"scripted engine answering after {engine_latency_ms:g} ms"
+    else:
+        engine = "vLLM CPU, tiny model"
     table = Table(title=f"gateway overhead: {calls} short completions, alternating ({engine})")
     columns = ("path", "direct p50 ms", "p50 ms", "p90 ms", "p99 ms", "added p50 ms", "target")
     for column in (*columns, "result"):
         table.add_column(column, justify="right")
     figures: dict[str, Any] = {"engine": "scripted" if vllm_python is None else "vllm"}
     figures["calls"] = calls
+    figures["engine_latency_ms"] = engine_latency_ms
     for name, (direct, through) in phases.items():
         direct_us, through_us = percentiles_us(direct), percentiles_us(through)
         added_ms = (through_us["p50"] - direct_us["p50"]) / 1000

@@ -1,6 +1,6 @@
 """A bare pass-through proxy for ``POST /v1/completions``: the gateway's server stack
-(uvicorn, FastAPI, an httpx client to the engine) and nothing else, as the baseline of
-what one more HTTP hop costs on this machine (``agentmars bench gateway``)::
+(uvicorn, FastAPI, an aiohttp session to the engine) and nothing else, as the baseline
+of what one more HTTP hop costs on this machine (``agentmars bench gateway``)::
 
     python -m agentmars.bench.passthrough --upstream http://127.0.0.1:8000 --port 8081
 """
@@ -11,7 +11,7 @@ import argparse
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
-import httpx
+import aiohttp
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -20,20 +20,20 @@ from fastapi.responses import Response
 def create_passthrough_app(upstream: str) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with httpx.AsyncClient(base_url=upstream, timeout=60.0) as client:
-            app.state.client = client
+        async with aiohttp.ClientSession(upstream) as session:
+            app.state.session = session
             yield
 
     app = FastAPI(lifespan=lifespan)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        answer = await request.app.state.client.post(
+        async with request.app.state.session.post(
             "/v1/completions",
-            content=await request.body(),
+            data=await request.body(),
             headers={"content-type": "application/json"},
-        )
-        return Response(answer.content, answer.status_code, media_type="application/json")
+        ) as answer:
+            return Response(await answer.read(), answer.status, media_type="application/json")
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

@@ -141,6 +141,10 @@ def bench_gateway(
             help="Measure over vLLM CPU (tiny model) run by this python, not the scripted engine."
         ),
     ] = None,
+    engine_latency_ms: Annotated[
+        float,
+        typer.Option(min=0, help="The scripted engine answers after this long (not with vLLM)."),
+    ] = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
 ) -> None:
     """Latency the gateway adds to a short completion (target p50 <= 2 ms)."""
@@ -149,8 +153,9 @@ def bench_gateway(
 
     try:
         python = find_vllm_python(vllm_python) if vllm_python is not None else None
-        run(calls, json_out, python)
-    except (BenchSetupError, RuntimeError) as exc:  # RuntimeError: vLLM did not start
+        run(calls, json_out, python, engine_latency_ms)
+    # ValueError: a latency with vLLM; RuntimeError: vLLM did not start.
+    except (BenchSetupError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 

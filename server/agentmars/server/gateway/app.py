@@ -1,8 +1,8 @@
 """The gateway's FastAPI app: OpenAI-compatible pass-through with the policy's
 admission in front, the event hub, the SSE stream and ``/metrics``.
 
-``create_gateway_app(GatewayConfig(...))`` builds it; the lifespan opens the httpx
-client to the engine, subscribes the admission to the hub and runs a periodic
+``create_gateway_app(GatewayConfig(...))`` builds it; the lifespan opens the aiohttp
+session to the engine, subscribes the admission to the hub and runs a periodic
 admission pass (idle expiry, policies that open their window on their own clock),
 opens the side channel to the scheduler plugin when one is configured
 (``plugin_link``), and closes it all at shutdown. Bind it to 127.0.0.1 (the default
@@ -16,11 +16,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -31,13 +31,14 @@ from agentmars.server.gateway.metrics import GatewayMetrics
 from agentmars.server.gateway.plugin_link import PluginLink
 from agentmars.server.gateway.proxy import (
     ClientGone,
+    ClientWatch,
     ClosingStreamingResponse,
     GatewayError,
     Upstream,
+    exchange,
     forwarded_body,
     forwarded_headers,
     relay,
-    unless_disconnected,
     upstream_error,
 )
 from agentmars.server.gateway.sessions import Admission, BadRequest, CallMeta, call_metadata
@@ -50,7 +51,6 @@ log = logging.getLogger("agentmars.server")
 ADMISSION_PASS_S = 0.1
 """How often admission runs without an event (idle expiry, time-driven windows)."""
 MAX_BODY_BYTES = 32 * 1024 * 1024
-Done = Callable[[CallStatus, str | None], None]
 
 
 @dataclass
@@ -153,9 +153,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     loop = asyncio.get_running_loop()
 
     # Hub subscribers run on the publishing thread (ingest uses a worker thread): the
-    # policy and the admission live on the event loop only.
+    # policy and the admission live on the event loop only. The gateway's own call
+    # events are published on the loop: no wake-up write for them (three a call).
+    loop_thread = threading.get_ident()
+
     def to_loop(events: Sequence[AnyEvent]) -> None:
-        loop.call_soon_threadsafe(_on_events, gateway, events)
+        if threading.get_ident() == loop_thread:
+            loop.call_soon(_on_events, gateway, events)
+        else:
+            loop.call_soon_threadsafe(_on_events, gateway, events)
 
     if gateway.link is not None:
         gateway.link.start()
@@ -198,15 +204,26 @@ async def _complete(gateway: Gateway, request: Request, path: str) -> Response:
         raise GatewayError(400, str(exc)) from None
     if isinstance(body.get("model"), str):
         await gateway.engine.check_model(body["model"])
-    try:
-        turn = await unless_disconnected(request, gateway.admission.enter(meta))
-    except ClientGone:
-        return Response(status_code=499)  # nobody reads it: the client is gone
-    return await _forward(gateway, request, path, body, meta, turn)
+    admission = gateway.admission
+    with ClientWatch(request) as watch:
+        try:
+            entering = admission.enter(meta)
+            # An admitted session's call enters at once: nothing to watch (a task less).
+            admitted = admission.is_admitted(meta.session_id)
+            turn = await (entering if admitted else watch.unless_gone(entering))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client is gone
+        return await _forward(gateway, request, watch, path, body, meta, turn)
 
 
 async def _forward(
-    gateway: Gateway, request: Request, path: str, body: dict[str, Any], meta: CallMeta, turn: int
+    gateway: Gateway,
+    request: Request,
+    watch: ClientWatch,
+    path: str,
+    body: dict[str, Any],
+    meta: CallMeta,
+    turn: int,
 ) -> Response:
     recorder = CallRecorder(gateway.hub, meta, turn, body)
 
@@ -215,51 +232,35 @@ async def _forward(
         gateway.metrics.count_call(status)
         gateway.admission.leave(meta.session_id, session_over=status == "cancelled")
 
+    call = exchange(
+        gateway.engine,
+        path,
+        forwarded_body(body, meta, turn),
+        forwarded_headers(request, meta),
+        stream=bool(body.get("stream")),
+    )
     try:
-        response = await unless_disconnected(
-            request,
-            gateway.engine.open(
-                path, forwarded_body(body, meta, turn), forwarded_headers(request, meta)
-            ),
-        )
+        response, answer = await watch.unless_gone(call)
     except ClientGone:
         done("cancelled", "the client disconnected")
         return Response(status_code=499)
     except GatewayError as exc:
         done("error", exc.message)
         raise
-    if response.status_code >= 400 or not body.get("stream"):
-        return await _whole(request, response, recorder, done)
-    return ClosingStreamingResponse(
-        relay(response, recorder, done),
-        status_code=response.status_code,
-        media_type=response.headers.get("content-type", "text/event-stream"),
-    )
-
-
-async def _whole(
-    request: Request, response: httpx.Response, recorder: CallRecorder, done: Done
-) -> Response:
-    try:
-        content = await unless_disconnected(request, response.aread())
-    except ClientGone:
-        done("cancelled", "the client disconnected")
-        return Response(status_code=499)
-    except httpx.HTTPError as exc:
-        done("error", f"the engine's answer broke off: {exc!r}")
-        raise GatewayError(
-            502, f"the engine's answer broke off: {exc!r}", "upstream_error"
-        ) from None
-    finally:
-        await response.aclose()
-    if response.status_code >= 400:
-        done("error", content.decode(errors="replace")[:500])
-        return upstream_error(response, content)
+    if answer is None:
+        return ClosingStreamingResponse(
+            relay(response, recorder, done),
+            status_code=response.status,
+            media_type=response.headers.get("content-type", "text/event-stream"),
+        )
+    if answer.status >= 400:
+        done("error", answer.content.decode(errors="replace")[:500])
+        return upstream_error(answer)
     # A success body that is not a JSON object still reaches the client as it came.
     with contextlib.suppress(ValueError, AttributeError):
-        recorder.observe(json.loads(content), chunk=False)
+        recorder.observe(json.loads(answer.content), chunk=False)
     done("ok", None)
-    return Response(content, status_code=response.status_code, media_type="application/json")
+    return Response(answer.content, status_code=answer.status, media_type="application/json")
 
 
 def _body_schema(required: str) -> dict[str, Any]:
@@ -311,10 +312,10 @@ def _routes(app: FastAPI, gateway: Gateway) -> None:
     @app.get("/v1/models")
     async def models() -> Response:
         """The engine's model list (cached)."""
-        response = await gateway.engine.models()
-        if response.status_code >= 400:
-            return upstream_error(response, response.content)
-        return Response(response.content, media_type="application/json")
+        answer = await gateway.engine.models()
+        if answer.status >= 400:
+            return upstream_error(answer)
+        return Response(answer.content, media_type="application/json")
 
     @app.get("/metrics")
     def metrics() -> Response:

@@ -42,7 +42,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from agentmars.sdk.integrations.request import SESSION_HEADER
-from agentmars.server.gateway.proxy import ClientGone, ClosingStreamingResponse, unless_disconnected
+from agentmars.server.gateway.proxy import ClientGone, ClientWatch, ClosingStreamingResponse
 from agentmars.server.sim.live import CallRequest, CallStream, LiveEngine, LiveError
 
 CHARS_PER_TOKEN = 4
@@ -283,7 +283,8 @@ async def _whole(
             pass
 
     try:
-        await unless_disconnected(request, drain())
+        with ClientWatch(request) as watch:
+            await watch.unless_gone(drain())
     except ClientGone:
         engine.abort(stream)
         return Response(status_code=499)  # nobody reads it: the client is gone
