@@ -1,6 +1,6 @@
 """Latency the gateway adds: the same short completion sent straight to an engine and
 through the gateway (its own process, FCFS, on loopback), alternating call by call so
-both see the same machine.
+both see the same machine (and each path first every other time).
 
 Two engines: our scripted OpenAI-compatible server, by default answering at once
 (``engine_latency_ms`` makes it wait that long first), where the difference is the
@@ -96,7 +96,12 @@ def measure(
             with serve_in_subprocess(argv, env=env) as proxy_url:
                 direct, through = [], []
                 for i in range(WARMUP + calls):
-                    a, b = _one(client, engine_url, body), _one(client, proxy_url, body)
+                    # Each path goes first every other time: neither is always the
+                    # one that follows the other's call.
+                    if i % 2:
+                        b, a = _one(client, proxy_url, body), _one(client, engine_url, body)
+                    else:
+                        a, b = _one(client, engine_url, body), _one(client, proxy_url, body)
                     if i >= WARMUP:
                         direct.append(a)
                         through.append(b)
