@@ -160,6 +160,24 @@ def bench_gateway(
         raise typer.Exit(2) from None
 
 
+@bench_app.command("hop")
+def bench_hop(
+    calls: Annotated[int, typer.Option(min=10, help="Completions on each path.")] = 500,
+    engine_latency_ms: Annotated[
+        float, typer.Option(min=0, help="The scripted engine answers after this long.")
+    ] = 0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
+) -> None:
+    """What one proxy hop costs, by what forwards: aiohttp (the gateway's), httpx, socat."""
+    from agentmars.bench.hop import run
+
+    try:
+        run(calls, json_out, engine_latency_ms)
+    except RuntimeError as exc:  # a proxy did not start
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 @bench_app.command("plugin")
 def bench_plugin(
     vllm_python: Annotated[

@@ -1,11 +1,9 @@
 """Forwarding to the engine's OpenAI-compatible API with aiohttp, streaming or not.
 
 NOTE: ours, against the issue's "FastAPI + httpx": the upstream client is aiohttp's.
-httpx's async client costs about 1.2 ms more per forwarded call than aiohttp's on the
-same server stack (a bare pass-through proxy in front of an engine answering in 8 ms:
-2.9 ms added with httpx, 1.8 ms with aiohttp; httpx over an aiohttp transport 2.7 ms;
-encode/httpx#3215), more than half of the gateway's 2 ms budget. The rest of the
-project keeps httpx.
+httpx's async client costs 0.7-1.2 ms more per forwarded call than aiohttp's on the
+same server stack (``agentmars bench hop``, docs/benchmarks.md; encode/httpx#3215),
+too much of the gateway's 2 ms budget. The rest of the project keeps httpx.
 
 Errors the gateway answers itself carry an OpenAI-style body
 (``{"error": {"message", "type", "code"}}``): 400 for a body that is not a JSON
