@@ -389,7 +389,9 @@ def test_a_call_that_cannot_grow_preempts_the_newest_and_both_finish() -> None:
         after = _metrics(client)
     assert after["vllm:num_preemptions_total"] == 1
     assert after["agentmars_sim_kv_free_blocks"] == 8
-    # Prefill: 256 + 256 tokens, then b's context again: 256 + k tokens (1 <= k <= 256
-    # generated before the preemption) less its first block, still cached (a took the
-    # other three of b's freed blocks, last first): 129 to 384 tokens.
-    assert 512 + 129 <= after["agentmars_sim_prefill_tokens_total"] <= 512 + 384
+    # Prefill: 256 + 256 tokens, then b's context again: 256 + k tokens (1 <= k <= 257
+    # generated before the preemption: at most 4 full blocks computed, plus the token
+    # sampled last, when both run in lockstep, as a loaded machine can make them) less
+    # its first block, still cached (a took the other three of b's freed blocks, last
+    # first): 129 to 385 tokens.
+    assert 512 + 129 <= after["agentmars_sim_prefill_tokens_total"] <= 512 + 385
