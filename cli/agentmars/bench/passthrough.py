@@ -18,6 +18,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+JSON = {"content-type": "application/json"}
 Forward = Callable[[bytes], Awaitable[tuple[int, bytes]]]
 """Post a request body to the engine's /v1/completions: its status and body."""
 
@@ -47,7 +48,6 @@ async def _httpx_forward(upstream: str) -> AsyncIterator[Forward]:
 CLIENTS = {"aiohttp": _aiohttp_forward, "httpx": _httpx_forward}
 """The gateway's client to the engine (aiohttp), and httpx's async client it replaced
 (``agentmars bench hop`` compares them)."""
-JSON = {"content-type": "application/json"}
 
 
 def create_passthrough_app(upstream: str, client: str = "aiohttp") -> FastAPI:

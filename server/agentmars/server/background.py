@@ -84,7 +84,7 @@ def serve_in_subprocess(
                 stdout=log or subprocess.DEVNULL,
                 stderr=log or subprocess.PIPE,
             )
-            stack.callback(_stop_group_holding_signals, process, stop_grace_s)
+            stack.callback(_stop_group, process, stop_grace_s)
         _wait_healthy(process, f"http://127.0.0.1:{port}{health_path}", startup_timeout_s, log_path)
         yield f"http://127.0.0.1:{port}"
 
@@ -118,11 +118,6 @@ def _stop_signals_held() -> Iterator[None]:
                 handler(arrived[0], None)
             elif handler == signal.SIG_DFL:
                 signal.raise_signal(arrived[0])
-
-
-def _stop_group_holding_signals(process: subprocess.Popen[bytes], grace_s: float) -> None:
-    with _stop_signals_held():
-        _stop_group(process, grace_s)
 
 
 def _wait_healthy(
@@ -168,22 +163,24 @@ _KILL_WAIT_S = 5.0
 
 def _stop_group(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     """SIGTERM the group, wait for every member (not only the leader: children may
-    outlive it, e.g. a resource tracker cleaning up), then SIGKILL whatever is left."""
-    deadline = time.monotonic() + grace_s
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(grace_s)
-    while live_group_members(process.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if process.poll() is None or live_group_members(process.pid):
+    outlive it, e.g. a resource tracker cleaning up), then SIGKILL whatever is left.
+    A stop signal meanwhile takes effect once the group is stopped."""
+    with _stop_signals_held():
+        deadline = time.monotonic() + grace_s
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        # SIGKILL is delivered asynchronously: an orphaned member may still be
-        # running for a moment after killpg returns, so wait until none is.
-        kill_deadline = time.monotonic() + _KILL_WAIT_S
-        while live_group_members(process.pid) and time.monotonic() < kill_deadline:
-            time.sleep(0.01)
-    if process.stderr:
-        process.stderr.close()
+            os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(grace_s)
+        while live_group_members(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if process.poll() is None or live_group_members(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            # SIGKILL is delivered asynchronously: an orphaned member may still be
+            # running for a moment after killpg returns, so wait until none is.
+            kill_deadline = time.monotonic() + _KILL_WAIT_S
+            while live_group_members(process.pid) and time.monotonic() < kill_deadline:
+                time.sleep(0.01)
+        if process.stderr:
+            process.stderr.close()

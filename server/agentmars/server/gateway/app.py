@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,15 +152,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     loop = asyncio.get_running_loop()
 
     # Hub subscribers run on the publishing thread (ingest uses a worker thread): the
-    # policy and the admission live on the event loop only. The gateway's own call
-    # events are published on the loop: no wake-up write for them (three a call).
-    loop_thread = threading.get_ident()
-
+    # policy and the admission live on the event loop only.
     def to_loop(events: Sequence[AnyEvent]) -> None:
-        if threading.get_ident() == loop_thread:
-            loop.call_soon(_on_events, gateway, events)
-        else:
-            loop.call_soon_threadsafe(_on_events, gateway, events)
+        loop.call_soon_threadsafe(_on_events, gateway, events)
 
     if gateway.link is not None:
         gateway.link.start()
@@ -204,13 +197,9 @@ async def _complete(gateway: Gateway, request: Request, path: str) -> Response:
         raise GatewayError(400, str(exc)) from None
     if isinstance(body.get("model"), str):
         await gateway.engine.check_model(body["model"])
-    admission = gateway.admission
     with ClientWatch(request) as watch:
         try:
-            entering = admission.enter(meta)
-            # An admitted session's call enters at once: nothing to watch (a task less).
-            admitted = admission.is_admitted(meta.session_id)
-            turn = await (entering if admitted else watch.unless_gone(entering))
+            turn = await watch.unless_gone(gateway.admission.enter(meta))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client is gone
         return await _forward(gateway, request, watch, path, body, meta, turn)

@@ -169,9 +169,7 @@ class Upstream:
                 # as we reused it (uvicorn closes one after an app error or when idle):
                 # one retry on a fresh connection. At worst the engine computes twice.
                 return await self.session.post(path, json=body, headers=headers)
-        except aiohttp.ClientConnectorError as exc:  # refused, or no such host
-            raise engine_down(self.base_url, exc) from None
-        except aiohttp.ConnectionTimeoutError as exc:
+        except aiohttp.ConnectionTimeoutError as exc:  # before TimeoutError: a subclass
             raise engine_down(self.base_url, exc) from None
         except TimeoutError:  # aiohttp.SocketTimeoutError: no answer within sock_read
             raise GatewayError(
@@ -179,7 +177,7 @@ class Upstream:
                 f"the engine did not answer in {self._timeout.sock_read:g} s",
                 "timeout",
             ) from None
-        except aiohttp.ClientError as exc:
+        except aiohttp.ClientError as exc:  # refused, no such host, dropped twice
             raise engine_down(self.base_url, exc) from None
 
 

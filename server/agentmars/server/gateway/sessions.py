@@ -161,10 +161,6 @@ class Admission:
         """Agent names from ``session_start`` events, for the policy's ``SessionView``."""
         view.active_sessions_of = lambda: len(self.admitted)
 
-    def is_admitted(self, session_id: str) -> bool:
-        """The session is in: its next call enters without waiting."""
-        return session_id in self.admitted
-
     async def enter(self, meta: CallMeta) -> int:
         """Wait until ``meta``'s session is admitted, then count the call in flight;
         returns the call's turn (the client's, else the gateway's count)."""
