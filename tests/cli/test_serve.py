@@ -17,9 +17,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentmars.sdk.events import SessionEnd
-from agentmars.server.background import free_loopback_port
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME
 from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
+from agentmars.server.web.serving import free_loopback_port
 from tests.cli.serving import wait_for
 from tests.server.engines.vllm.conftest import vllm_python  # noqa: F401  (the fixture)
 

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentmars.sdk.events import ToolEnd, ToolStart
-from agentmars.server.background import free_loopback_port
+from agentmars.server.web.serving import free_loopback_port
 from tests.cli.serving import wait_for
 
 CLI = [sys.executable, "-m", "agentmars.cli.main", "serve"]

@@ -46,7 +46,7 @@ def _loaded_after(statement: str) -> dict[str, object]:
         ("import agentmars.cli.main", set()),
         # The policies and the simulator also install into the vLLM environment.
         ("import agentmars.server.sim.sweep", set()),
-        ("import agentmars.server.sim.live", set()),  # the web layer is live_app's
+        ("import agentmars.server.engines.twin.engine", set()),  # the web layer is live_app's
         ("from agentmars.server.policies.registry import policy_names; policy_names()", set()),
     ],
 )

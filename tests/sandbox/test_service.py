@@ -21,7 +21,7 @@ from agentmars.sandbox.service import create_sandbox_app
 from agentmars.sandbox.spec import ExecSpec
 from agentmars.sdk.emitter import Emitter
 from agentmars.sdk.sinks.memory import MemorySink
-from agentmars.server.background import serve_in_subprocess, serve_in_thread
+from agentmars.server.web.serving import serve_in_subprocess, serve_in_thread
 
 TOKEN = "sandbox-test-token"
 PY = sys.executable

@@ -23,6 +23,8 @@ from agentmars.sdk.events import (
     LLMSubmit,
     MalformedEvent,
     SessionEnd,
+    SessionPause,
+    SessionResume,
     SessionStart,
     ToolEnd,
     ToolEnqueue,
@@ -76,6 +78,8 @@ def realistic_events() -> list[Event]:
             ended_in_tool_call=True,
             duration_s=2.25,
         ),
+        SessionPause(session_id=SID, source="engine", reason="thrashing"),
+        SessionResume(session_id=SID, source="engine"),
         ToolEnqueue(session_id=SID, call_id="call_0", turn=0, tool="terminal", priority=-2),
         ToolStart(session_id=SID, call_id="call_0", turn=0, tool="terminal", queue_wait_s=0.004),
         ToolEnd(
@@ -105,6 +109,11 @@ def realistic_events() -> list[Event]:
             free_blocks=1000,
             used_blocks=3000,
             pinned_blocks=512,
+            pins=3,
+            released={"expired": 2, "next_call": 5},
+            cpu_total_blocks=8192,
+            cpu_free_blocks=8000,
+            steps=1234,
         ),
         SessionEnd(
             session_id=SID,
@@ -121,6 +130,8 @@ def minimal_events() -> list[Event]:
     return [
         SessionStart(session_id=SID),
         SessionEnd(session_id=SID),
+        SessionPause(session_id=SID),
+        SessionResume(session_id=SID),
         LLMSubmit(session_id=SID, call_id=CALL),
         LLMFirstToken(session_id=SID, call_id=CALL, ttft_s=0.0),
         LLMEnd(session_id=SID, call_id=CALL),
@@ -140,7 +151,7 @@ def test_samples_cover_every_event_kind() -> None:
     # A new kind added to the schema must get a sample here to be round-trip tested.
     assert {e.kind for e in realistic_events()} == set(EVENT_KINDS)
     assert {e.kind for e in minimal_events()} == set(EVENT_KINDS)
-    assert len(EVENT_KINDS) == len(set(EVENT_KINDS)) == 11
+    assert len(EVENT_KINDS) == len(set(EVENT_KINDS)) == 13
 
 
 @pytest.mark.parametrize("event", ALL_EVENTS, ids=lambda e: e.kind)

@@ -29,6 +29,7 @@ from agentmars.sdk import (
     session,
     tool,
 )
+from agentmars.sdk.calls import current_hints
 from agentmars.sdk.events import (
     Event,
     LLMEnd,
@@ -1230,3 +1231,59 @@ def test_attach_needs_a_running_session(emitter: sdk.Emitter) -> None:
         pass
     with pytest.raises(RuntimeError, match="has ended"):
         finished.attach().__enter__()
+
+
+# --- the agent instance and the hints -------------------------------------------------
+
+
+def test_a_task_id_is_carried_in_session_starts_metadata(
+    memory_sink: MemorySink, emitter: Emitter
+) -> None:
+    with session(agent="coder", task_id="issue-42", metadata={"k": "v"}, emitter=emitter) as s:
+        assert s.task_id == "issue-42"
+    start = one(memory_sink.events, "session_start")
+    assert start.agent == "coder"
+    assert start.metadata == {"k": "v", "task_id": "issue-42"}
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        ({"task_id": ""}, "task_id"),
+        ({"task_id": "x" * 257}, "task_id"),
+        ({"task_id": 7}, "task_id"),
+        ({"agent": ""}, "agent"),
+        ({"agent": "x" * 257}, "agent"),
+    ],
+)
+def test_a_bad_task_id_or_agent_is_refused_at_the_call_site(
+    given: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValueError, match=field):
+        session(**given)
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        ({"next_tool": ""}, "next_tool"),
+        ({"next_tool": "x" * 257}, "next_tool"),
+        ({"expected_tool_s": -1}, "expected_tool_s"),
+        ({"expected_tool_s": float("inf")}, "expected_tool_s"),
+        ({"expected_tool_s": float("nan")}, "expected_tool_s"),
+        ({"expected_tool_s": True}, "expected_tool_s"),
+        ({"expected_tool_s": "3"}, "expected_tool_s"),
+    ],
+)
+def test_bad_hints_are_refused_at_the_call_site(given: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        sdk.hints(**given)
+
+
+def test_hints_in_use_cannot_be_opened_again() -> None:
+    hints = sdk.hints(next_tool="pytest")
+    with hints, pytest.raises(RuntimeError, match="in use"):
+        hints.__enter__()
+    with hints:  # closed again: it may be reused
+        assert current_hints() is hints
+    assert current_hints() is None

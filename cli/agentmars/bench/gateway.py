@@ -27,10 +27,10 @@ import httpx
 from rich.table import Table
 
 from agentmars.bench.report import ProgressFn, percentiles_us, progress_bars, publish, verdict
-from agentmars.server.background import serve_in_subprocess, serve_in_thread
+from agentmars.server.engines.scripted.app import ScriptedLatency, create_scripted_llm_app
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME, VllmServerConfig, serve_vllm
 from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
-from agentmars.server.scripted_llm import ScriptedLatency, create_scripted_llm_app
+from agentmars.server.web.serving import serve_in_subprocess, serve_in_thread
 
 TARGET_ADDED_P50_MS = 2.0
 MODEL = "scripted"

@@ -33,7 +33,7 @@ from agentmars.sandbox.pool import SandboxPool
 from agentmars.sandbox.spec import ExecSpec
 from agentmars.sdk.emitter import Emitter
 from agentmars.sdk.sinks.memory import MemorySink
-from agentmars.server.background import serve_in_subprocess
+from agentmars.server.web.serving import serve_in_subprocess
 
 DISPATCH_TARGET_P50_MS = 10.0
 TRIVIAL = ["true"]

@@ -3,7 +3,7 @@
 ``bench_emission`` times every event boundary of an LLM call and a tool call
 inside a session (SDK to a ``MemorySink``) against a no-op Python call with
 the same arguments. ``bench_http_sink`` pushes events through ``HttpSink`` to
-the real collector (``python -m agentmars.server.ingest``, decoding into an
+the real collector (``python -m agentmars.server.web.ingest``, decoding into an
 ``EventHub``, in its own process) on loopback, against a bare ``httpx`` loop
 posting the same batches pre-serialized; the baseline pays the same for the
 collector side, so the ratio isolates the sink's own cost.
@@ -36,8 +36,8 @@ from agentmars.sdk.events import Event, encode_jsonl
 from agentmars.sdk.session import Session
 from agentmars.sdk.sinks.http import HttpSink
 from agentmars.sdk.sinks.memory import MemorySink
-from agentmars.server.background import serve_in_subprocess
-from agentmars.server.ingest import EVENTS_PATH, TOKEN_ENV
+from agentmars.server.web.ingest import EVENTS_PATH, TOKEN_ENV
+from agentmars.server.web.serving import serve_in_subprocess
 
 EMISSION_TARGET_P50_US = 20.0
 HTTP_TARGET_EVENTS_PER_S = 50_000.0
@@ -217,7 +217,7 @@ def bench_http_sink(
     report("preparing events", n, n)
     # The collector runs in its own process, as the gateway does in a deployment:
     # sharing this process's GIL would charge its decoding to the sink.
-    command = [sys.executable, "-m", "agentmars.server.ingest"]
+    command = [sys.executable, "-m", "agentmars.server.web.ingest"]
     with serve_in_subprocess(command, env={TOKEN_ENV: COLLECTOR_TOKEN}) as base_url:
         url = base_url + EVENTS_PATH
         baseline_s = _post_batches(url, batches, report)
@@ -230,7 +230,7 @@ def bench_http_sink(
     return {
         "events": n,
         "batch_size": batch_size,
-        "collector": f"python -m agentmars.server.ingest: POST {EVENTS_PATH}, decode + EventHub",
+        "collector": f"agentmars.server.web.ingest: POST {EVENTS_PATH}, decode + EventHub",
         "events_per_s": events_per_s,
         "baseline_events_per_s": baseline_per_s,
         "ratio": events_per_s / baseline_per_s,

@@ -40,9 +40,9 @@ from rich.table import Table
 
 from agentmars.bench.report import progress_bars, publish
 from agentmars.sdk.events import SessionEnd, ToolEnd, ToolStart, encode_jsonl
-from agentmars.server.background import serve_in_subprocess
 from agentmars.server.engines.vllm.launch import CPU_BLOCK_SIZE, SERVED_MODEL_NAME
 from agentmars.server.engines.vllm.smoke import metric_total
+from agentmars.server.web.serving import serve_in_subprocess
 from agentmars.server.workloads.registry import build_workload
 
 TOKEN = "agentmars-bench"  # a loopback gateway that lives for one policy's run

@@ -17,7 +17,7 @@ from rich.table import Table
 from agentmars.bench.report import ProgressFn, progress_bars, publish, verdict
 from agentmars.server.metrics.records import RunRecord
 from agentmars.server.policies.registry import make_policy
-from agentmars.server.sim.cost_model import load_profile
+from agentmars.server.profiles.cost_model import load_profile
 from agentmars.server.sim.engine import SimConfig, SimEngine
 from agentmars.server.sim.sweep import context_limit
 from agentmars.server.workloads.registry import build_workload

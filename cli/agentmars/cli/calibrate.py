@@ -11,15 +11,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentmars.server.sim.calibrate import (
+from agentmars.server.profiles.calibrate import (
     Fit,
     Recording,
     fit_recording,
     fitted_profile,
     kv_bytes_per_token_from_config,
 )
-from agentmars.server.sim.cost_model import EngineLimits, profile_json
-from agentmars.server.sim.measure import (
+from agentmars.server.profiles.cost_model import EngineLimits, profile_json
+from agentmars.server.profiles.measure import (
     CalibrationError,
     ServerFacts,
     design_probes,

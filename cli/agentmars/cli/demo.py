@@ -145,8 +145,8 @@ def run_demo(out: Path | None) -> None:
     # would stall the event loop both agents share.
     import agentmars.sdk.integrations.litellm
     import agentmars.sdk.integrations.openai  # noqa: F401
-    from agentmars.server.background import serve_in_thread
-    from agentmars.server.scripted_llm import create_scripted_llm_app
+    from agentmars.server.engines.scripted.app import create_scripted_llm_app
+    from agentmars.server.web.serving import serve_in_thread
 
     sinks: list[sdk.Sink] = [ConsoleSink()]
     if out is not None:

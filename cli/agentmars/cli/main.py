@@ -520,7 +520,7 @@ def _serve_sim(
     max_model_len: int | None,
 ) -> None:
     from agentmars.cli.serve_sim import SimServeError, SimServeOptions, serve_sim
-    from agentmars.server.sim.cost_model import profile_names
+    from agentmars.server.profiles.cost_model import profile_names
 
     try:
         if profile is None:

@@ -1,5 +1,5 @@
 """``agentmars serve --engine sim``: the simulated engine paced to the wall clock
-(``agentmars.server.sim.live``) behind the gateway, so the whole stack runs without a
+(``agentmars.server.engines.twin.engine``) behind the gateway, so the whole stack runs without a
 GPU.
 
 The engine serves its OpenAI-compatible API on a loopback port of its own, from a
@@ -19,13 +19,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentmars.cli.serve import stop_on_sigterm
-from agentmars.server.background import serve_in_thread
+from agentmars.server.engines.twin.app import create_live_app
+from agentmars.server.engines.twin.engine import LiveEngine, LiveError
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app, run_gateway
-from agentmars.server.gateway.telemetry import KVFigures
+from agentmars.server.policies.capabilities import PolicyRefused
 from agentmars.server.policies.registry import UnknownPolicy, make_policy
-from agentmars.server.sim.cost_model import Profile, ProfileError, load_profile
-from agentmars.server.sim.live import LiveEngine, LiveError
-from agentmars.server.sim.live_app import create_live_app
+from agentmars.server.profiles.cost_model import Profile, ProfileError, load_profile
+from agentmars.server.web.ingest import EventHub
+from agentmars.server.web.serving import serve_in_thread
 
 
 class SimServeError(ValueError):
@@ -70,30 +71,23 @@ def live_profile(
         raise SimServeError(f"profile {profile.name!r} with these limits: {problems}") from None
 
 
-class EngineKV:
-    """The live engine's block pool as the gateway's ``KVSource``."""
-
-    def __init__(self, engine: LiveEngine) -> None:
-        self.engine = engine
-
-    def kv_figures(self) -> KVFigures:
-        total, free, used, pinned = self.engine.kv_figures()
-        return KVFigures(total, free, used, pinned)
-
-
-def live_engine(options: SimServeOptions) -> LiveEngine:
+def live_engine(options: SimServeOptions, hub: EventHub) -> LiveEngine:
+    """The twin engine, its events published into the gateway's ``hub``."""
     profile = live_profile(
         options.profile, num_blocks=options.num_blocks, max_model_len=options.max_model_len
     )
     try:
-        return LiveEngine(profile, make_policy(options.policy))
+        return LiveEngine(
+            profile, make_policy(options.policy), publish=lambda event: hub.publish([event])
+        )
     except (UnknownPolicy, LiveError) as exc:
         raise SimServeError(str(exc)) from None
 
 
 def serve_sim(options: SimServeOptions) -> int:
     """Serve until SIGINT or SIGTERM; 0 once everything has stopped."""
-    engine = live_engine(options)
+    hub = EventHub()
+    engine = live_engine(options, hub)
     stop_on_sigterm()
     try:
         with serve_in_thread(create_live_app(engine)) as engine_url:
@@ -103,9 +97,12 @@ def serve_sim(options: SimServeOptions) -> int:
                 policy=options.policy,
                 block_size=engine.profile.block_size,
                 max_num_seqs=engine.profile.max_num_seqs,
-                kv_source=EngineKV(engine),
+                kv_source=engine,
             )
-            app = create_gateway_app(config)
+            try:
+                app = create_gateway_app(config, hub=hub)
+            except PolicyRefused as exc:
+                raise SimServeError(str(exc)) from None
             app.state.gateway.hub.subscribe(engine.observe_threadsafe)
             print(
                 f"agentmars: gateway on http://{options.host}:{options.port}, simulated "

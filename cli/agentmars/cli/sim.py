@@ -14,7 +14,7 @@ from rich.table import Table
 
 from agentmars.server.metrics.results import SweepResult
 from agentmars.server.metrics.summary import RunSummary
-from agentmars.server.sim.cost_model import ProfileError
+from agentmars.server.profiles.cost_model import ProfileError
 from agentmars.server.sim.engine import SimError
 from agentmars.server.sim.sweep import SweepError, SweepPlan, run_sweep
 from agentmars.server.workloads.errors import WorkloadError

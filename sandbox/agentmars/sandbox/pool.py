@@ -18,7 +18,8 @@ from types import TracebackType
 from typing import Self, TypedDict
 
 from agentmars.sandbox.admission import Admission, check_priority
-from agentmars.sandbox.backends.base import Backend, Job, OutputCallback, Slot, backend_for
+from agentmars.sandbox.backends.base import Backend, Job, OutputCallback, Slot
+from agentmars.sandbox.backends.registry import backend_for
 from agentmars.sandbox.config import SandboxConfig
 from agentmars.sandbox.pressure import ToolPressure
 from agentmars.sandbox.spec import (
@@ -38,6 +39,7 @@ from agentmars.sdk.events import (
     clock,
     new_id,
 )
+from agentmars.sdk.tool_stats import ToolDurations
 
 log = logging.getLogger("agentmars.sandbox")
 
@@ -69,7 +71,7 @@ class SandboxPool:
         self.slots = [
             Slot(i, tuple(self.config.slot_cores(i))) for i in range(self.config.resolved_slots())
         ]
-        self.pressure = ToolPressure(alpha=self.config.exec_ema_alpha)
+        self.pressure = ToolPressure(ToolDurations(weight=self.config.exec_ema_alpha))
         self.warnings: list[str] = []
         self._admission = Admission(len(self.slots))
         self._sessions: dict[str, Path] = {}

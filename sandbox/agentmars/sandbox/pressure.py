@@ -4,21 +4,30 @@ The control plane reads these instead of hardware counters."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agentmars.sdk.tool_stats import ToolDurations
 
 
 @dataclass
 class ToolPressure:
-    alpha: float
-    """Weight of the newest sample in the EMA."""
+    durations: ToolDurations
+    """Execution times, folded per tool kind as everywhere in agentmars (its weight:
+    ``SandboxConfig.exec_ema_alpha``)."""
     active: int = 0
+    """Tools running in a slot."""
     queued: int = 0
-    exec_ema_s: dict[str, float] = field(default_factory=dict)
-    completed: int = 0
+    """Tools waiting for a slot."""
 
     def record_exec(self, tool: str, seconds: float) -> None:
-        previous = self.exec_ema_s.get(tool)
-        self.exec_ema_s[tool] = (
-            seconds if previous is None else self.alpha * seconds + (1 - self.alpha) * previous
-        )
-        self.completed += 1
+        self.durations.record(tool, seconds)
+
+    @property
+    def exec_ema_s(self) -> Mapping[str, float]:
+        return self.durations.ema_s
+
+    @property
+    def completed(self) -> int:
+        """Executions recorded so far."""
+        return self.durations.completed

@@ -2,15 +2,17 @@
 
     from agentmars import sdk
     sdk.configure(sdk.MemorySink())
-    with sdk.session(agent="coder"):
+    with sdk.session(agent="coder", task_id="issue-42"):
         with sdk.llm_call("my-model"): ...
         with sdk.tool("terminal"): ...
+        with sdk.hints(next_tool="pytest", expected_tool_s=30):
+            client.chat.completions.create(...)  # an instrumented client
 
 LLM clients are instrumented by ``agentmars.sdk.integrations.openai`` and
 ``agentmars.sdk.integrations.litellm``.
 """
 
-from agentmars.sdk.calls import KV_BLOCK_SIZE, LLMCall, ToolCall, llm_call, tool
+from agentmars.sdk.calls import KV_BLOCK_SIZE, Hints, LLMCall, ToolCall, hints, llm_call, tool
 from agentmars.sdk.emitter import Emitter, Sink, configure, default_emitter
 from agentmars.sdk.events import (
     SCHEMA_VERSION,
@@ -33,6 +35,7 @@ __all__ = [
     "Emitter",
     "Event",
     "EventError",
+    "Hints",
     "JsonlSink",
     "LLMCall",
     "MalformedEvent",
@@ -48,6 +51,7 @@ __all__ = [
     "decode_jsonl",
     "default_emitter",
     "encode_jsonl",
+    "hints",
     "llm_call",
     "session",
     "tool",

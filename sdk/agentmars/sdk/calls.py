@@ -1,4 +1,5 @@
-"""LLM calls and tool calls: the boundaries a session crosses.
+"""LLM calls and tool calls: the boundaries a session crosses, and the hints an agent
+gives about the tool that follows an LLM call.
 
 Each call is a ``Scope`` (context manager or decorator) bound to the current
 session, or one given explicitly. The explicit methods (``submit`` /
@@ -10,7 +11,9 @@ happen by accident, so an event is emitted at most once per boundary.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from contextvars import ContextVar, Token
 from typing import Any, Literal, Self
 
 from agentmars.sdk.events import (
@@ -33,6 +36,66 @@ choice for the client side, the engine side reports in its own block size)."""
 
 Status = Literal["ok", "error", "cancelled"]
 ToolStatus = Literal["ok", "error", "timeout", "killed", "cancelled"]
+
+_HINTS: ContextVar[Hints | None] = ContextVar("agentmars_hints", default=None)
+
+
+class Hints(Scope):
+    """Scheduling hints for the LLM calls made inside it: the tool the agent expects to
+    run once such a call ends (``next_tool``) and for how long (``expected_tool_s``),
+    so a policy can judge whether the session's KV is worth keeping across that tool.
+
+    ``with hints(next_tool="pytest", expected_tool_s=30): client.chat...``, also
+    ``async with`` or as a decorator. The client integrations send the hints in
+    ``vllm_xargs``; a block inside another replaces its hints (it does not merge).
+    """
+
+    def __init__(
+        self, *, next_tool: str | None = None, expected_tool_s: float | None = None
+    ) -> None:
+        if next_tool is not None:
+            check_id(next_tool, "next_tool")
+        if expected_tool_s is not None and not _is_seconds(expected_tool_s):
+            raise ValueError(
+                f"expected_tool_s must be a finite number >= 0, got {expected_tool_s!r}"
+            )
+        self.next_tool = next_tool
+        self.expected_tool_s = expected_tool_s
+        self._token: Token[Hints | None] | None = None
+
+    def fresh(self) -> Self:
+        return type(self)(next_tool=self.next_tool, expected_tool_s=self.expected_tool_s)
+
+    def as_xargs(self) -> dict[str, str | float]:
+        """The hints given, as ``vllm_xargs`` entries."""
+        given = {"next_tool": self.next_tool, "expected_tool_s": self.expected_tool_s}
+        return {name: value for name, value in given.items() if value is not None}
+
+    def _open(self) -> None:
+        if self._token is not None:
+            raise RuntimeError("these hints are in use already; open new ones")
+        self._token = _HINTS.set(self)
+
+    def _close(self, exc: BaseException | None) -> None:
+        assert self._token is not None
+        # Closed from another context (as a session can be): nothing to restore there.
+        with contextlib.suppress(ValueError):
+            _HINTS.reset(self._token)
+        self._token = None
+
+
+def current_hints() -> Hints | None:
+    """The hints of the innermost open ``hints`` block of this thread / task, or None."""
+    return _HINTS.get()
+
+
+def _is_seconds(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
 
 
 def read_field(obj: Any, name: str) -> Any:
@@ -93,6 +156,8 @@ class LLMCall(Scope):
         self.session: Session | None = None
         self.call_id = _new_id()[:16]
         self.turn: int | None = None
+        self.hints: Hints | None = None
+        """The ``hints`` block open when the call was submitted."""
         self.follows_tool = bool(follows_tool)
         self._submit_ns: int | None = None
         self._first_token_ns: int | None = None
@@ -117,6 +182,7 @@ class LLMCall(Scope):
         if self._submit_ns is not None:
             return self
         self.session = self._given_session or require_session("an LLM call")
+        self.hints = current_hints()
         self.turn, pending_tool = self.session.begin_llm_call()
         self.follows_tool = pending_tool if self._given_follows_tool is None else self.follows_tool
         projected = self.projected_prompt_tokens
@@ -377,3 +443,4 @@ class ToolCall(Scope):
 
 llm_call = LLMCall
 tool = ToolCall
+hints = Hints

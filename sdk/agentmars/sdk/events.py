@@ -138,6 +138,20 @@ class SessionEnd(SessionEvent):
     duration_s: Seconds = 0.0
 
 
+class SessionPause(SessionEvent):
+    """The engine paused the session (a policy's ``tick``): its KV is dropped and its
+    calls are held until a ``session_resume``. The admission half learns of it here."""
+
+    kind: Literal["session_pause"] = "session_pause"
+    reason: str = ""
+
+
+class SessionResume(SessionEvent):
+    """The engine resumed a paused session: its held calls run again."""
+
+    kind: Literal["session_resume"] = "session_resume"
+
+
 # --- GPU plane ---------------------------------------------------------------
 
 
@@ -240,13 +254,23 @@ class WindowUpdate(Event):
 
 
 class KVStats(Event):
-    """Block-pool state in the allocator's native unit (seed 000 §4.1)."""
+    """Block-pool state in the allocator's native unit (seed 000 §4.1): the one shape
+    KV figures travel in, from the vLLM plugin's side channel, the wall-clock twin and
+    the simulator alike."""
 
     kind: Literal["kv_stats"] = "kv_stats"
     total_blocks: Count
     free_blocks: Count
     used_blocks: Count
     pinned_blocks: Count = 0
+    pins: Count = 0
+    """Sessions holding pinned blocks."""
+    released: dict[str, Count] = Field(default_factory=dict)
+    """Pins released so far, by reason (the vLLM plugin's ``pins.ReleaseReason``)."""
+    cpu_total_blocks: Count = 0
+    cpu_free_blocks: Count = 0
+    steps: Count | None = None
+    """Engine steps that scheduled any token so far, when the engine counts them."""
 
     @model_validator(mode="after")
     def _blocks_add_up(self) -> KVStats:
@@ -265,6 +289,8 @@ class KVStats(Event):
 AnyEvent: TypeAlias = Annotated[
     SessionStart
     | SessionEnd
+    | SessionPause
+    | SessionResume
     | LLMSubmit
     | LLMFirstToken
     | LLMEnd
@@ -281,8 +307,9 @@ _ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
 EVENT_KINDS: tuple[str, ...] = tuple(
     cls.model_fields["kind"].default
     for cls in (
-        SessionStart, SessionEnd, LLMSubmit, LLMFirstToken, LLMEnd, ToolEnqueue,
-        ToolStart, ToolEnd, ToolStats, WindowUpdate, KVStats,
+        SessionStart, SessionEnd, SessionPause, SessionResume, LLMSubmit,
+        LLMFirstToken, LLMEnd, ToolEnqueue, ToolStart, ToolEnd, ToolStats,
+        WindowUpdate, KVStats,
     )
 )  # fmt: skip
 

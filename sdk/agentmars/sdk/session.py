@@ -50,6 +50,11 @@ class Session(Scope):
     numbers the session's LLM calls (turns) and tracks the tool transitions that
     become ``follows_tool`` on the next LLM call.
 
+    ``agent`` names the kind of agent (``coder``); ``task_id`` the agent instance
+    (seed 004): the task that the sessions of a fan-out agent's branches share. Both
+    go to the engine with every LLM call; ``task_id`` is also in ``session_start``'s
+    metadata (as ``task_id``).
+
     Use it as ``with session(...) as s``, ``async with``, or ``@session(...)``.
     """
 
@@ -58,18 +63,22 @@ class Session(Scope):
         session_id: str | None = None,
         *,
         agent: str | None = None,
+        task_id: str | None = None,
         metadata: dict[str, str] | None = None,
         emitter: Emitter | None = None,
     ) -> None:
         self._given_id = session_id
         # ``is not None``: an empty id is invalid, not a request for a random one.
         self.session_id = check_id(session_id, "session_id") if session_id is not None else new_id()
-        self.agent = agent
+        self.agent = check_id(agent, "agent") if agent is not None else None
+        self.task_id = check_id(task_id, "task_id") if task_id is not None else None
         if metadata is not None and not isinstance(metadata, Mapping):
             raise ValueError("session metadata must map strings to strings")
         self.metadata = dict(metadata or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.metadata.items()):
             raise ValueError("session metadata must map strings to strings")
+        if self.task_id is not None:
+            self.metadata["task_id"] = self.task_id
         self.emitter = emitter or default_emitter()
         self.turns = 0
         self._tool_result_pending = False
@@ -80,7 +89,11 @@ class Session(Scope):
 
     def fresh(self) -> Self:
         return type(self)(
-            self._given_id, agent=self.agent, metadata=self.metadata, emitter=self.emitter
+            self._given_id,
+            agent=self.agent,
+            task_id=self.task_id,
+            metadata=self.metadata,
+            emitter=self.emitter,
         )
 
     # --- lifecycle -----------------------------------------------------------

@@ -41,7 +41,6 @@ from agentmars.sandbox.backends.docker import (
     KILL_ALL,
     PING_TIMEOUT_S,
     TMPFS_TMP,
-    CappedOutput,
     DockerBackend,
     check_workdir,
     container_options,
@@ -55,6 +54,7 @@ from agentmars.sandbox.backends.docker import (
     read_frames,
     send_stdin,
 )
+from agentmars.sandbox.backends.output import CappedOutput
 from agentmars.sandbox.config import SandboxConfig
 from agentmars.sandbox.spec import TRUNCATION_MARKER, ExecResult, ExecSpec, SandboxError
 
@@ -216,23 +216,6 @@ def test_exit_codes() -> None:
     assert exit_outcome(None)[:2] == ("killed", None)
 
 
-def test_capped_output_keeps_the_first_bytes_and_counts_the_rest() -> None:
-    out = CappedOutput(5)
-    assert out.feed(b"abc") == b"abc"
-    assert out.feed(b"defg") == b"de"
-    assert out.feed(b"hij") == b""
-    assert out.truncated and out.dropped == 5
-    assert out.text() == "abcde" + TRUNCATION_MARKER.format(dropped=5)
-    whole = CappedOutput(5)
-    whole.feed(b"12345")
-    assert (whole.text(), whole.truncated) == ("12345", False)
-    nothing = CappedOutput(0)
-    assert nothing.feed(b"xy") == b"" and nothing.text() == TRUNCATION_MARKER.format(dropped=2)
-    cut = CappedOutput(1)
-    cut.feed("é".encode())  # a cap inside a character: replaced, not an error
-    assert cut.text().startswith("\ufffd")
-
-
 def test_frames_are_demultiplexed_however_they_are_split() -> None:
     wire = _frame(1, b"out1") + _frame(2, b"err") + _frame(1, b"") + _frame(1, b"out2")
     pieces = [wire[i : i + 3] for i in range(0, len(wire), 3)]  # headers split too
@@ -255,9 +238,10 @@ def test_pump_caps_each_stream_and_emits_what_is_kept() -> None:
     theirs.sendall(_frame(1, b"a" * 10) + _frame(2, b"bb") + _frame(3, b"engine error"))
     theirs.sendall(_frame(1, b"c" * 10))
     theirs.close()
-    stdout, stderr = CappedOutput(12), CappedOutput(12)
     seen: list[tuple[Stream, bytes]] = []
-    pump_frames(ours, stdout, stderr, lambda stream, data: seen.append((stream, data)))
+    stdout = CappedOutput("stdout", 12, lambda stream, data: seen.append((stream, data)))
+    stderr = CappedOutput("stderr", 12, lambda stream, data: seen.append((stream, data)))
+    pump_frames(ours, stdout, stderr)
     ours.close()
     assert stdout.text() == "a" * 10 + "cc" + TRUNCATION_MARKER.format(dropped=8)
     assert stderr.text() == "bbengine err" + TRUNCATION_MARKER.format(dropped=2)
@@ -283,8 +267,8 @@ def test_stdin_ends_with_a_half_close_that_keeps_the_output_side_open() -> None:
     thread = threading.Thread(target=engine)
     thread.start()
     send_stdin(ours, data)
-    out, err = CappedOutput(100), CappedOutput(100)
-    pump_frames(ours, out, err, None)
+    out, err = CappedOutput("stdout", 100), CappedOutput("stderr", 100)
+    pump_frames(ours, out, err)
     thread.join(5)
     ours.close()
     assert bytes(received) == data

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import pytest
 
 from agentmars import sdk
-from agentmars.server.background import serve_in_thread
-from agentmars.server.scripted_llm import ScriptedLatency, create_scripted_llm_app
+from agentmars.server.engines.scripted.app import ScriptedLatency, create_scripted_llm_app
+from agentmars.server.web.serving import serve_in_thread
 
 # Latency the scripted server models; the recorded timings must reflect it.
 LATENCY = ScriptedLatency(first_token_s=0.05, per_token_s=0.01)

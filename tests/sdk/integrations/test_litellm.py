@@ -24,7 +24,9 @@ def _assert_wire(server: LLMServer, session_id: str, turn: int, expects: int) ->
     request = server.requests[-1]
     assert request.headers["x-session-id"] == session_id
     assert request.body["session_id"] == session_id
-    assert request.body["vllm_xargs"] == {
+    xargs = dict(request.body["vllm_xargs"])
+    assert len(xargs.pop("call_id")) == 16  # the SDK's call id (test_request.py)
+    assert xargs == {
         "session_id": session_id,
         "turn": turn,
         "follows_tool": 0,

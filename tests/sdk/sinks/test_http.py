@@ -18,8 +18,8 @@ from agentmars.sdk.events import Event, SessionEvent, ToolStats, decode_jsonl
 from agentmars.sdk.session import Session
 from agentmars.sdk.sinks import HttpSink, MemorySink
 from agentmars.sdk.sinks.http import HttpSinkStats, backoff_delay
-from agentmars.server.background import serve_in_thread
-from agentmars.server.ingest import EVENTS_PATH, EventHub, create_collector_app
+from agentmars.server.web.ingest import EVENTS_PATH, EventHub, create_collector_app
+from agentmars.server.web.serving import serve_in_thread
 
 TOKEN = "test-token"
 

@@ -39,7 +39,7 @@ from agentmars.sdk.events import (
     WindowUpdate,
 )
 from agentmars.sdk.sinks.otel import OTelSink, otlp_traces_url
-from agentmars.server.background import serve_in_thread
+from agentmars.server.web.serving import serve_in_thread
 
 E = TypeVar("E", bound=Event)
 

@@ -11,10 +11,10 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
-from agentmars.server.background import serve_in_thread
+from agentmars.server.engines.scripted.app import ScriptedLatency, create_scripted_llm_app
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
-from agentmars.server.ingest import EventHub
-from agentmars.server.scripted_llm import ScriptedLatency, create_scripted_llm_app
+from agentmars.server.web.ingest import EventHub
+from agentmars.server.web.serving import serve_in_thread
 
 TOKEN = "gateway-test-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

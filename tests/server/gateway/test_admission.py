@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from agentmars.sdk.events import Event, SessionEnd, SessionStart, ToolEnd, ToolStart
-from agentmars.server.background import serve_in_thread
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
 from agentmars.server.policies.interface import EngineView, Policy, SessionView
 from agentmars.server.policies.registry import register
+from agentmars.server.web.serving import serve_in_thread
 from tests.server.gateway.conftest import AUTH, MODEL, TOKEN, Engine, Gateway, GatewayFactory
 
 LONG = 64

@@ -19,11 +19,11 @@ from agentmars.sdk.events import (
     decode_event,
     encode_jsonl,
 )
-from agentmars.server.background import serve_in_subprocess
 from agentmars.server.gateway.app import TOKEN_ENV
+from agentmars.server.gateway.call_meta import call_metadata
 from agentmars.server.gateway.events import CallRecorder
-from agentmars.server.gateway.sessions import call_metadata
-from agentmars.server.ingest import EventHub
+from agentmars.server.web.ingest import EventHub
+from agentmars.server.web.serving import serve_in_subprocess
 from tests.server.gateway.conftest import AUTH, MODEL, TOKEN, Gateway
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -25,10 +25,10 @@ from agentmars.sdk.events import (
     ToolStats,
     encode_jsonl,
 )
-from agentmars.server.background import serve_in_subprocess
 from agentmars.server.engines.vllm.hints import HintInbox
 from agentmars.server.engines.vllm.kv_status import KVStatusPublisher
 from agentmars.server.gateway.app import TOKEN_ENV
+from agentmars.server.web.serving import serve_in_subprocess
 from tests.server.gateway.conftest import AUTH, TOKEN, Engine, Gateway, GatewayFactory
 
 

@@ -13,9 +13,9 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from agentmars.sdk.events import LLMEnd
-from agentmars.server.background import free_loopback_port, serve_in_subprocess, serve_in_thread
+from agentmars.server.engines.scripted.app import create_scripted_llm_app
 from agentmars.server.gateway.app import TOKEN_ENV
-from agentmars.server.scripted_llm import create_scripted_llm_app
+from agentmars.server.web.serving import free_loopback_port, serve_in_subprocess, serve_in_thread
 from tests.server.gateway.conftest import MODEL, TOKEN, Engine, Gateway, GatewayFactory
 
 CHAT: dict[str, Any] = {
@@ -76,7 +76,9 @@ def test_session_metadata_reaches_the_engine(engine: Engine, gateway: Gateway) -
     assert seen.headers["x-session-id"] == "sess-1"
     assert seen.body["session_id"] == "sess-1"
     assert seen.body["priority"] == 0
-    assert seen.body["vllm_xargs"] == {
+    xargs = dict(seen.body["vllm_xargs"])
+    assert len(xargs.pop("call_id")) == 32  # the gateway's, for a client that sent none
+    assert xargs == {
         "custom": "kept",
         "session_id": "sess-1",
         "turn": 4,
@@ -94,7 +96,7 @@ def test_a_call_of_no_session_reaches_the_engine_naming_none(
     (seen,) = engine.requests
     assert "x-session-id" not in seen.headers
     assert "session_id" not in seen.body
-    assert seen.body["vllm_xargs"] == {"turn": 0, "follows_tool": 0, "expects_tool": 0}
+    assert seen.body["vllm_xargs"].keys() == {"call_id", "turn", "follows_tool", "expects_tool"}
 
 
 def test_the_gateway_counts_turns_when_the_client_does_not(

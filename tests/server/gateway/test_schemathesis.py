@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from agentmars.server.background import serve_in_thread
+from agentmars.server.engines.scripted.app import ScriptedLatency, create_scripted_llm_app
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
-from agentmars.server.scripted_llm import ScriptedLatency, create_scripted_llm_app
+from agentmars.server.web.serving import serve_in_thread
 from tests.server.gateway.conftest import MODEL, TOKEN
 
 CASES = 300

@@ -21,7 +21,7 @@ from __future__ import annotations
 from agentmars.server.metrics.records import CallRecord, RunRecord
 from agentmars.server.policies.interface import Policy
 from agentmars.server.policies.registry import make_policy
-from agentmars.server.sim.cost_model import FittedCost, Profile
+from agentmars.server.profiles.cost_model import FittedCost, Profile
 from agentmars.server.sim.engine import SimEngine
 from agentmars.server.workloads.model import SessionSpec, ToolSpec, TurnSpec, Workload
 

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from agentmars.sdk.events import SessionEnd
-from agentmars.server.policies.autellix import Autellix
+from agentmars.server.policies.autellix import Autellix, AutellixEngine
+from agentmars.server.policies.capabilities import Capability
 from tests.server.policies.scenarios import calls, ends, evictions, run, session, turn
 from tests.server.policies.views import EngineData, call
 
@@ -18,10 +19,10 @@ from tests.server.policies.views import EngineData, call
 BOUNDARIES = (0.5, 1.0, 2.0)
 
 
-def served_program() -> Autellix:
-    """A policy that has seen program "p" complete one call: arrived at 0, served
+def served_program() -> AutellixEngine:
+    """An engine half that has seen program "p" complete one call: arrived at 0, served
     0.75 s, finished at 1.0 -> program service 0.75 s, program wait 1.0 - 0.75 = 0.25 s."""
-    policy = Autellix(boundaries_s=BOUNDARIES, beta=4.0)
+    policy = Autellix(boundaries_s=BOUNDARIES, beta=4.0).engine()
     policy.on_call_finished(call("p", service_s=0.75), EngineData(now=1.0))
     return policy
 
@@ -34,7 +35,7 @@ def test_queue_of_a_new_program_follows_the_calls_own_service(service_s: float, 
     # No completed call yet: attained service = the call's own. A call that has used up
     # its queue's quantum (service = the boundary) is already in the next queue. Wait
     # is 0 (now = arrival + service), so no promotion.
-    policy = Autellix(boundaries_s=BOUNDARIES, beta=4.0)
+    policy = Autellix(boundaries_s=BOUNDARIES, beta=4.0).engine()
     running = call("p", arrival_s=0.0, service_s=service_s)
     assert policy.queue(running, EngineData(now=service_s)) == queue
 
@@ -42,7 +43,7 @@ def test_queue_of_a_new_program_follows_the_calls_own_service(service_s: float, 
 def test_default_boundaries_put_a_call_at_a_boundary_in_the_next_queue() -> None:
     # Defaults (0.02, 0.04, 0.08, ...): 10 steps of 10 ms = 0.1 s -> queue 3
     # ([0.08, 0.16)); exactly 0.04 s -> queue 2 ([0.04, 0.08)).
-    policy = Autellix()
+    policy = Autellix().engine()
     assert policy.queue(call("p", service_s=0.1), EngineData(now=0.1)) == 3
     assert policy.queue(call("p", service_s=0.04), EngineData(now=0.04)) == 2
 
@@ -80,7 +81,7 @@ def test_priority_is_queue_then_call_arrival() -> None:
 
 
 def test_the_victim_comes_from_the_lowest_queue_latest_among_equals() -> None:
-    policy = Autellix(boundaries_s=BOUNDARIES, beta=4.0)
+    policy = Autellix(boundaries_s=BOUNDARIES, beta=4.0).engine()
     view = EngineData(now=1.5)
     low_first = call("x", arrival_s=0.0, service_s=1.5)  # queue 2, wait 0
     top = call("y", arrival_s=1.0, service_s=0.25)  # queue 0, wait 0.25 (ratio 1)
@@ -100,8 +101,18 @@ def test_a_finished_program_is_forgotten() -> None:
 
 
 def test_preempted_calls_are_swapped_not_recomputed() -> None:
-    policy = Autellix()
-    assert policy.preempt_by_swap and policy.needs_cpu_tier
+    policy = Autellix().engine()
+    assert policy.preempt_by_swap and Capability.CPU_TIER in policy.needs
+
+
+def test_each_engine_half_keeps_its_own_service() -> None:
+    # The halves are built fresh: what one engine half learnt of "p" (0.75 s served,
+    # queue 1 for its next call) is not in another built from the same policy.
+    policy = Autellix(boundaries_s=BOUNDARIES, beta=4.0)
+    served, fresh = policy.engine(), policy.engine()
+    served.on_call_finished(call("p", service_s=0.75), EngineData(now=1.0))
+    assert served.queue(call("p", 1, arrival_s=2.0), EngineData(now=2.0)) == 1
+    assert fresh.queue(call("p", 1, arrival_s=2.0), EngineData(now=2.0)) == 0
 
 
 # --- on the simulated engine (10 ms steps, 16-token blocks; see scenarios.py) ----------

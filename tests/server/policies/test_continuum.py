@@ -9,10 +9,23 @@ from __future__ import annotations
 import pytest
 
 from agentmars.sdk.events import LLMEnd, LLMFirstToken, LLMSubmit, SessionEnd, ToolEnd
-from agentmars.server.policies.continuum import Continuum, ContinuumDynamic
+from agentmars.server.policies.capabilities import Capability
+from agentmars.server.policies.continuum import (
+    Continuum,
+    ContinuumDynamic,
+    ContinuumDynamicEngine,
+)
 from agentmars.server.policies.interface import Pin, Release
 from tests.server.policies.scenarios import calls, ends, evictions, run, session, turn
-from tests.server.policies.views import CallData, EngineData, LinearCosts, PinData, call
+from tests.server.policies.views import (
+    AdmissionData,
+    CallData,
+    EngineData,
+    LinearCosts,
+    PinData,
+    SessionData,
+    call,
+)
 
 
 def tool_end(tool: str, duration_s: float, session_id: str = "s") -> ToolEnd:
@@ -28,7 +41,7 @@ def finished(next_tool: str | None, tokens: int = 1000) -> CallData:
 
 
 def test_ttl_follows_the_tools_mean_past_duration() -> None:
-    policy, view = Continuum(), EngineData()
+    policy, view = Continuum().engine(), EngineData()
     for tool, duration in [("grep", 1.0), ("grep", 3.0), ("build", 1.0), ("build", 4.0)]:
         policy.on_event(tool_end(tool, duration))
     policy.on_event(tool_end("ls", 0.5))
@@ -42,7 +55,7 @@ def test_ttl_follows_the_tools_mean_past_duration() -> None:
 
 
 def test_the_ttl_setting_is_both_the_threshold_and_the_time() -> None:
-    policy = Continuum(ttl_s=1.0)
+    policy = Continuum(ttl_s=1.0).engine()
     policy.on_event(tool_end("grep", 1.5))
     policy.on_event(tool_end("ls", 1.0))
     assert policy.on_call_finished(finished("grep"), EngineData()) == Release()  # 1.5 > 1
@@ -50,7 +63,7 @@ def test_the_ttl_setting_is_both_the_threshold_and_the_time() -> None:
 
 
 def test_pinned_sessions_go_first_then_by_session_arrival() -> None:
-    policy = Continuum()
+    policy = Continuum().engine()
     a = call("a", session_arrival_s=0.0, arrival_s=9.0)
     b = call("b", session_arrival_s=5.0, arrival_s=6.0)
     c = call("c", session_arrival_s=3.0, arrival_s=8.0)
@@ -63,7 +76,7 @@ def test_pinned_sessions_go_first_then_by_session_arrival() -> None:
 
 
 def test_the_victim_is_the_latest_session_not_on_its_last_step() -> None:
-    policy = Continuum()
+    policy = Continuum().engine()
     oldest = call("a", session_arrival_s=0.0, expects_tool=True)
     latest_last_step = call("b", session_arrival_s=2.0, expects_tool=False)
     middle = call("c", session_arrival_s=1.0, expects_tool=True)
@@ -84,14 +97,31 @@ def test_pins_are_dropped_latest_session_first() -> None:
         PinData("b", 1, 16, pinned_s=1.0, session_arrival_s=7.0),
         PinData("c", 2, 32, pinned_s=5.0, session_arrival_s=3.0),
     ]
-    order = Continuum().reclaim(pins, needed_blocks=2, view=EngineData(pins=pins))
+    order = Continuum().engine().reclaim(pins, needed_blocks=2, view=EngineData(pins=pins))
     assert [p.session_id for p in order] == ["b", "c", "a"]
+
+
+def test_what_each_half_needs() -> None:
+    # Continuum has no admission control: its admission half is the default one (admit
+    # every session, needing nothing). Its engine half learns tool durations from the
+    # stream; the dynamic TTL also prices a reload with the engine's cost estimates.
+    # Its order reads only the call and the pins, so an engine may keep it cached.
+    for policy in (Continuum(), ContinuumDynamic()):
+        admission = policy.admission()
+        queue = [SessionData("a", prompt_tokens=10_000)]
+        assert list(admission.admit(queue, AdmissionData())) == queue
+        assert admission.needs == frozenset()
+        assert policy.engine().priority_reads_pins_only
+    assert Continuum().engine().needs == {Capability.TOOL_FIGURES}
+    assert ContinuumDynamic().engine().needs == {Capability.TOOL_FIGURES, Capability.COSTS}
 
 
 # --- Continuum-Dy: dynamic TTL -----------------------------------------------------------
 
 
-def delayed_call(policy: ContinuumDynamic, session_id: str, ttft_s: float, cached: int) -> None:
+def delayed_call(
+    policy: ContinuumDynamicEngine, session_id: str, ttft_s: float, cached: int
+) -> None:
     """Feed the stream of one call that follows a tool: submitted, first token after
     ``ttft_s``, ended with ``cached`` of its 100 prompt tokens found in the cache."""
     ids = {"session_id": session_id, "call_id": f"{session_id}/1"}
@@ -101,7 +131,7 @@ def delayed_call(policy: ContinuumDynamic, session_id: str, ttft_s: float, cache
 
 
 def test_fixed_ttl_until_enough_samples() -> None:
-    policy = ContinuumDynamic(min_samples=5)
+    policy = ContinuumDynamic(min_samples=5).engine()
     for duration in (0.5, 1.0, 1.5, 3.0):
         policy.on_event(tool_end("t", duration))
     # 4 samples < 5: Continuum's rule (mean 1.5 <= 2 -> 2.0 s), whatever the CDF says.
@@ -109,7 +139,7 @@ def test_fixed_ttl_until_enough_samples() -> None:
 
 
 def test_tau_star_is_the_argmax_of_the_expected_gain_minus_the_ttl() -> None:
-    policy = ContinuumDynamic(min_samples=5)
+    policy = ContinuumDynamic(min_samples=5).engine()
     for duration in (3.0, 0.5, 10.0, 1.5, 1.0):
         policy.on_event(tool_end("t", duration))
     delayed_call(policy, "x", ttft_s=2.0, cached=0)  # evicted (0 < 50): T = 2.0 s
@@ -125,7 +155,7 @@ def test_tau_star_is_the_argmax_of_the_expected_gain_minus_the_ttl() -> None:
 
 
 def test_no_pin_when_no_ttl_gains_more_than_it_holds() -> None:
-    policy = ContinuumDynamic(min_samples=5)
+    policy = ContinuumDynamic(min_samples=5).engine()
     for duration in (0.5, 1.0, 1.5, 3.0, 10.0):
         policy.on_event(tool_end("t", duration))
     view = EngineData(costs=LinearCosts(prefill_s_per_token=0.001))
@@ -137,7 +167,7 @@ def test_no_pin_when_no_ttl_gains_more_than_it_holds() -> None:
 
 
 def test_a_tool_with_few_samples_uses_the_cdf_of_all_tools() -> None:
-    policy = ContinuumDynamic(min_samples=2)
+    policy = ContinuumDynamic(min_samples=2).engine()
     for tool, duration in [("t", 2.0), ("t", 2.0), ("u", 0.5)]:
         policy.on_event(tool_end(tool, duration))
     delayed_call(policy, "x", ttft_s=1.1, cached=0)
@@ -153,7 +183,7 @@ def test_a_tool_with_few_samples_uses_the_cdf_of_all_tools() -> None:
 
 
 def test_queueing_delay_counts_only_calls_after_a_tool_whose_kv_was_evicted() -> None:
-    policy = ContinuumDynamic()
+    policy = ContinuumDynamic().engine()
     delayed_call(policy, "x", ttft_s=2.0, cached=0)  # 0 < 50% of 100: counted
     delayed_call(policy, "y", ttft_s=9.0, cached=60)  # 60 >= 50: KV was kept
     first = {"session_id": "z", "call_id": "z/0"}  # not after a tool: not counted
@@ -167,7 +197,7 @@ def test_queueing_delay_counts_only_calls_after_a_tool_whose_kv_was_evicted() ->
 
 def test_calls_of_different_sessions_with_the_same_id_are_told_apart() -> None:
     # Call ids are unique within a session only (the SDK's CallEvent contract).
-    policy = ContinuumDynamic()
+    policy = ContinuumDynamic().engine()
     one = {"session_id": "s1", "call_id": "c1"}
     two = {"session_id": "s2", "call_id": "c1"}
     policy.on_event(LLMSubmit(**one, follows_tool=True))
@@ -181,7 +211,7 @@ def test_calls_of_different_sessions_with_the_same_id_are_told_apart() -> None:
 
 
 def test_eta_is_minus_the_correlation_of_turn_index_and_turns_left() -> None:
-    policy = ContinuumDynamic()
+    policy = ContinuumDynamic().engine()
     assert policy.eta() == 1.0  # no finished session yet
     policy.on_event(SessionEnd(session_id="a", turns=1))
     policy.on_event(SessionEnd(session_id="b", turns=3))
@@ -193,7 +223,7 @@ def test_eta_is_minus_the_correlation_of_turn_index_and_turns_left() -> None:
 
 
 def test_eta_of_sessions_of_one_length_is_one() -> None:
-    policy = ContinuumDynamic()
+    policy = ContinuumDynamic().engine()
     policy.on_event(SessionEnd(session_id="a", turns=4))
     # (0, 4), (1, 3), (2, 2), (3, 1): N - k falls as k rises, Corr = -1.
     assert policy.eta() == pytest.approx(1.0)

@@ -5,16 +5,24 @@ from __future__ import annotations
 
 import pytest
 
+from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.fcfs import FCFS
-from agentmars.server.policies.interface import Release
+from agentmars.server.policies.interface import AdmissionHalf, EngineHalf, Release
 from tests.server.policies.scenarios import calls, ends, evictions, run, session, turn
-from tests.server.policies.views import EngineData, PinData, SessionData, call
+from tests.server.policies.views import (
+    AdmissionData,
+    EngineData,
+    PinData,
+    SessionData,
+    call,
+    kv_stats,
+)
 
 # --- decisions -------------------------------------------------------------------------
 
 
 def test_waiting_calls_go_in_arrival_order() -> None:
-    policy, view = FCFS(), EngineData(now=5.0)
+    policy, view = FCFS().engine(), EngineData(now=5.0)
     late = call("a", arrival_s=2.0, session_arrival_s=0.0)
     early = call("b", arrival_s=1.0, session_arrival_s=1.0)
     # Call arrival, not session arrival: b's call came first although a's session did.
@@ -23,32 +31,44 @@ def test_waiting_calls_go_in_arrival_order() -> None:
 
 def test_every_session_is_admitted_in_queue_order() -> None:
     queue = [SessionData("b", prompt_tokens=10_000), SessionData("a", prompt_tokens=10)]
-    assert list(FCFS().admit(queue, EngineData(free_blocks=0))) == queue
+    # Whatever the KV figures say (none free) or whether any arrived at all.
+    full = AdmissionData(kv=kv_stats(free_blocks=0))
+    assert list(FCFS().admission().admit(queue, full)) == queue
+    assert list(FCFS().admission().admit(queue, AdmissionData(kv=None))) == queue
+
+
+def test_both_halves_are_stock_and_need_nothing() -> None:
+    policy = FCFS()
+    admission, engine = policy.admission(), policy.engine()
+    assert type(admission) is AdmissionHalf and type(engine) is EngineHalf
+    assert admission.needs == frozenset() and engine.needs == frozenset()
+    assert admission.control_interval_s is None
 
 
 def test_the_newest_running_call_is_the_victim() -> None:
     running = [call("a"), call("b", expects_tool=False), call("c")]
-    assert FCFS().victim(running, EngineData(running=running)) is running[-1]
+    assert FCFS().engine().victim(running, EngineData(running=running)) is running[-1]
 
 
 def test_chunk_takes_what_the_budget_allows() -> None:
     # 300 tokens allowed by the budget, 32 fit in the free blocks: FCFS asks for all 300
     # and lets the engine make room (it never shrinks a chunk).
-    assert FCFS().chunk(call("a"), 300, 32, EngineData()) == 300
+    assert FCFS().engine().chunk(call("a"), 300, 32, EngineData()) == 300
 
 
 def test_finished_calls_release_their_kv_and_nothing_is_pinned() -> None:
-    policy = FCFS()
+    policy = FCFS().engine()
     assert policy.on_call_finished(call("a", expected_tool_s=0.5), EngineData()) == Release()
     assert policy.tick(EngineData()) == ()
-    assert (policy.preempt_by_swap, policy.needs_cpu_tier) == (False, False)
+    assert (policy.preempt_by_swap, Capability.CPU_TIER in policy.needs) == (False, False)
+    assert not policy.offload_evicted
     assert policy.reserve_full_prompt
     assert policy.tick_interval_s is None
 
 
 def test_pins_are_dropped_oldest_first() -> None:
     pins = [PinData("a", 2, 32, pinned_s=3.0), PinData("b", 2, 32, pinned_s=1.0)]
-    assert [p.session_id for p in FCFS().reclaim(pins, 1, EngineData())] == ["b", "a"]
+    assert [p.session_id for p in FCFS().engine().reclaim(pins, 1, EngineData())] == ["b", "a"]
 
 
 # --- on the simulated engine (10 ms steps, 16-token blocks; see scenarios.py) ----------

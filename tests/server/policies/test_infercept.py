@@ -18,7 +18,9 @@ from dataclasses import replace
 
 import pytest
 
-from agentmars.server.policies.infercept import InferCept, waste
+from agentmars.sdk.events import SessionEnd
+from agentmars.server.policies.capabilities import Capability
+from agentmars.server.policies.infercept import InferCept, InferCeptEngine, waste
 from agentmars.server.policies.interface import Pin, Release, SessionAction
 from tests.server.policies.scenarios import calls, ends, evicted_before, run, session, turn
 from tests.server.policies.views import EngineData, LinearCosts, PinData, call
@@ -36,7 +38,7 @@ def test_the_three_wastes() -> None:
     assert (wasted.preserve, wasted.discard, wasted.swap) == pytest.approx((32.0, 1.376, 0.344))
 
 
-def paused(policy: InferCept, session_id: str, tool_s: float, at: float = 9.0) -> None:
+def paused(policy: InferCeptEngine, session_id: str, tool_s: float, at: float = 9.0) -> None:
     """``session_id``'s call finished at ``at`` and asked for a tool of ``tool_s``."""
     decision = policy.on_call_finished(call(session_id, expected_tool_s=tool_s), EngineData(now=at))
     assert decision == Pin()  # kept at first, judged at the next step
@@ -55,9 +57,9 @@ PINS = (PinData("p", 4, 64), PinData("q", 2, 32), PinData("r", 1, 16))
 RUNNING = (call("x", prompt_tokens=90, output_tokens=10),)
 
 
-def judged() -> tuple[InferCept, EngineData]:
-    """The policy after p, q and r paused at 9.0, and the engine at 10.0."""
-    policy = InferCept()
+def judged() -> tuple[InferCeptEngine, EngineData]:
+    """The engine half after p, q and r paused at 9.0, and the engine at 10.0."""
+    policy = InferCept().engine()
     for session_id, tool_s in [("p", 3.0), ("q", 1.1), ("r", 11.0)]:
         paused(policy, session_id, tool_s)
     view = EngineData(now=10.0, pins=PINS, running=RUNNING, costs=COSTS, cpu_free_blocks=64)
@@ -112,7 +114,7 @@ def test_a_pin_whose_tool_has_ended_is_left_for_its_next_call() -> None:
 
 
 def test_the_swap_budget_is_one_decode_step_of_the_running_batch() -> None:
-    policy = InferCept()
+    policy = InferCept().engine()
     pins = [PinData(f"s{i}", 1, 16) for i in range(10)]
     for pin in pins:
         paused(policy, pin.session_id, tool_s=100.0)
@@ -138,7 +140,7 @@ def test_seed_001_figure_1_r1_is_preserved_and_r2_discarded() -> None:
     # 1 time unit a token, one request runs at a time (C_other = 0), no swap (a block
     # takes 2 units to move, a step 1: budget 0).
     units = LinearCosts(prefill_s_per_token=1.0, decode_step_s=1.0, transfer_s_per_block=2.0)
-    policy = InferCept()
+    policy = InferCept().engine()
     paused(policy, "R1", tool_s=2.0, at=0.0)  # 5 tokens before its 2-unit API
     paused(policy, "R2", tool_s=7.0, at=0.0)  # 1 token before its 7-unit API
     view = EngineData(
@@ -152,7 +154,7 @@ def test_seed_001_figure_1_r1_is_preserved_and_r2_discarded() -> None:
 
 
 def test_fcfs_by_the_sessions_original_arrival() -> None:
-    policy, view = InferCept(), EngineData()
+    policy, view = InferCept().engine(), EngineData()
     resumed = call("a", 3, arrival_s=9.0, session_arrival_s=0.0)
     fresh = call("b", 0, arrival_s=1.0, session_arrival_s=1.0)
     order = sorted([fresh, resumed], key=lambda c: policy.priority(c, view))
@@ -160,7 +162,27 @@ def test_fcfs_by_the_sessions_original_arrival() -> None:
 
 
 def test_a_call_that_calls_no_tool_releases_its_kv() -> None:
-    assert InferCept().on_call_finished(call("a"), EngineData()) == Release()
+    assert InferCept().engine().on_call_finished(call("a"), EngineData()) == Release()
+
+
+def test_a_finished_session_is_no_longer_judged() -> None:
+    # p, q and r paused as above, then p's session ends: its tool end is forgotten, so
+    # even a pin of p still in the view (the engine drops it with the session) is not
+    # intercepted (no tool end known: 0 s left). q and r are judged as before: budget
+    # 5 blocks, q (2 blocks) swapped, 3 left; r (1) swapped.
+    policy, view = judged()
+    policy.on_event(SessionEnd(session_id="p", turns=2))
+    assert list(policy.tick(view)) == [
+        SessionAction("offload", "q"),
+        SessionAction("offload", "r"),
+    ]
+
+
+def test_the_engine_half_is_judged_at_every_step_with_costs_and_a_cpu_tier() -> None:
+    engine = InferCept().engine()
+    assert engine.tick_interval_s == 0.0
+    assert engine.needs == {Capability.COSTS, Capability.CPU_TIER, Capability.TICK}
+    assert InferCept().admission().needs == frozenset()
 
 
 # --- on the simulated engine (10 ms steps, 16-token blocks; see scenarios.py) ----------

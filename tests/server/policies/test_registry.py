@@ -3,13 +3,17 @@ wrong setting fails with a message that says what would be right."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
 from agentmars.server.policies.autellix import Autellix
+from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.continuum import Continuum, ContinuumDynamic
 from agentmars.server.policies.fcfs import FCFS
 from agentmars.server.policies.infercept import InferCept
-from agentmars.server.policies.interface import Policy
+from agentmars.server.policies.interface import AdmissionHalf, EngineHalf, Policy
 from agentmars.server.policies.registry import (
     UnknownPolicy,
     describe_policy,
@@ -120,6 +124,54 @@ def test_settings_record_the_chosen_values() -> None:
 def test_every_policy_object_is_fresh() -> None:
     # A policy object keeps per-run state (counters, statistics): never shared.
     assert make_policy("vtc") is not make_policy("vtc")
+
+
+IMMUTABLE = (str, bytes, int, float, bool, type(None), tuple, frozenset)
+
+
+def mutable_state(obj: object) -> Iterator[Any]:
+    """The mutable objects an object's attributes hold (its per-run state)."""
+    for value in vars(obj).values():
+        if not isinstance(value, IMMUTABLE):
+            yield value
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_both_halves_are_built_fresh_and_share_nothing(name: str) -> None:
+    # Every registered policy (the baselines and any other), not only BASELINES.
+    policy = make_policy(name)
+    first_admission, second_admission = policy.admission(), policy.admission()
+    first_engine, second_engine = policy.engine(), policy.engine()
+    assert isinstance(first_admission, AdmissionHalf)
+    assert isinstance(first_engine, EngineHalf)
+    for half in (first_admission, first_engine):
+        assert type(half.needs) is frozenset
+        assert all(isinstance(need, Capability) for need in half.needs)
+    # A new object at each call: a half keeps per-run state (counters, pauses seen).
+    halves = [first_admission, second_admission, first_engine, second_engine]
+    assert len({id(half) for half in halves}) == 4
+    # No mutable object is shared between two halves, nor with the policy: the halves
+    # live in different processes on the real stack and talk only through the stream.
+    owners: dict[int, str] = {}
+    labels = ["admission", "admission (2nd)", "engine", "engine (2nd)"]
+    for label, obj in [("policy", policy), *zip(labels, halves, strict=True)]:
+        for value in mutable_state(obj):
+            assert id(value) not in owners, f"{label} shares {value!r} with {owners[id(value)]}"
+            owners[id(value)] = label
+    # Each half's events go nowhere until its host connects it: setting one half's
+    # ``publish`` does not set another's.
+    unconnected = second_engine.publish
+    heard: list[object] = []
+    first_engine.publish = heard.append
+    assert second_engine.publish is unconnected
+    assert first_admission.publish is unconnected
+
+
+def test_make_policy_builds_fresh_halves_each_call() -> None:
+    for name in policy_names():
+        one, two = make_policy(name), make_policy(name)
+        assert one.admission() is not two.admission()
+        assert one.engine() is not two.engine()
 
 
 def test_describe_policy_is_the_docstrings_first_line() -> None:

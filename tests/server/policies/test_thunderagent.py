@@ -6,9 +6,23 @@ from __future__ import annotations
 
 import pytest
 
-from agentmars.sdk.events import SessionEnd, ToolEnd, ToolStart
+from agentmars.sdk.events import (
+    AnyEvent,
+    KVStats,
+    SessionEnd,
+    SessionPause,
+    SessionResume,
+    ToolEnd,
+    ToolStart,
+)
+from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.interface import Pin, SessionAction
-from agentmars.server.policies.thunderagent import ThunderAgent, ThunderAgentOffload
+from agentmars.server.policies.thunderagent import (
+    ThunderAgent,
+    ThunderAgentAdmission,
+    ThunderAgentEngine,
+    ThunderAgentOffload,
+)
 from tests.server.policies.scenarios import (
     calls,
     ends,
@@ -18,10 +32,17 @@ from tests.server.policies.scenarios import (
     session,
     turn,
 )
-from tests.server.policies.views import EngineData, PinData, SessionData, call
+from tests.server.policies.views import (
+    AdmissionData,
+    EngineData,
+    PinData,
+    SessionData,
+    call,
+    kv_stats,
+)
 
 
-def acting(policy: ThunderAgent, *session_ids: str) -> None:
+def acting(policy: ThunderAgentEngine, *session_ids: str) -> None:
     for session_id in session_ids:
         policy.on_event(ToolStart(session_id=session_id, call_id="tool", tool="t"))
 
@@ -33,6 +54,8 @@ def pause(session_id: str) -> SessionAction:
 def resume(session_id: str) -> SessionAction:
     return SessionAction("resume", session_id)
 
+
+# --- the engine half: pause and restore --------------------------------------------------
 
 # Capacity 10 blocks x 16 = 160 tokens. A and B run a tool with pinned contexts of 48
 # and 16 tokens; C and E are running (40 and 20 tokens); D's call waits with 60.
@@ -46,7 +69,7 @@ CROWDED = EngineData(
 
 
 def test_thrashing_pauses_acting_programs_first_shortest_first() -> None:
-    policy = ThunderAgent()
+    policy = ThunderAgent().engine()
     acting(policy, "A", "B")
     # Acting, shortest first: B (16) -> 8 too many; A (48) -> fits. E (20 tokens) is
     # shorter than A but Reasoning, so it keeps running.
@@ -54,14 +77,14 @@ def test_thrashing_pauses_acting_programs_first_shortest_first() -> None:
 
 
 def test_without_acting_programs_the_shortest_reasoning_ones_go() -> None:
-    policy = ThunderAgent()
+    policy = ThunderAgent().engine()
     # No tool running: all five are Reasoning (the pins count as contexts all the
     # same). Shortest first: B 16 (8 too many), E 20 (fits).
     assert list(policy.tick(CROWDED)) == [pause("B"), pause("E")]
 
 
 def test_a_call_replaces_its_sessions_pin_in_the_usage() -> None:
-    policy = ThunderAgent()
+    policy = ThunderAgent().engine()
     # D's pin (32 tokens) and its next call (60 tokens, waiting) are one context of 60:
     # 48 + 16 + 40 + 60 + 20 = 184, as before, not 216.
     view = EngineData(
@@ -75,14 +98,14 @@ def test_a_call_replaces_its_sessions_pin_in_the_usage() -> None:
 
 
 def test_no_thrashing_no_pause() -> None:
-    policy = ThunderAgent()
+    policy = ThunderAgent().engine()
     acting(policy, "A", "B")
     # Capacity 12 x 16 = 192 >= 184.
     assert list(policy.tick(EngineData(total_blocks=12, pins=CROWDED.pins))) == []
 
 
 def test_restore_reasoning_first_shortest_first_while_it_fits() -> None:
-    policy = ThunderAgent()
+    policy = ThunderAgent().engine()
     acting(policy, "A", "B")
     assert list(policy.tick(CROWDED)) == [pause("B"), pause("A")]
     policy.on_event(ToolEnd(session_id="A", call_id="tool", tool="t", duration_s=1.0))
@@ -95,61 +118,204 @@ def test_restore_reasoning_first_shortest_first_while_it_fits() -> None:
     assert list(policy.tick(EngineData(total_blocks=10))) == []
 
 
-def test_new_programs_wait_while_any_program_is_paused() -> None:
-    policy = ThunderAgent()
+def test_a_paused_program_that_ends_is_not_restored() -> None:
+    policy = ThunderAgent().engine()
     acting(policy, "A", "B")
-    policy.tick(CROWDED)
-    queue = [SessionData("N", prompt_tokens=1)]
-    assert list(policy.admit(queue, EngineData(total_blocks=100))) == []
-    # The paused programs end: the queue moves again.
-    policy.on_event(SessionEnd(session_id="A", turns=3))
-    policy.on_event(SessionEnd(session_id="B", turns=3))
-    assert list(policy.admit(queue, EngineData(total_blocks=100))) == queue
-
-
-def test_new_programs_are_admitted_in_order_while_their_prompt_fits() -> None:
-    policy = ThunderAgent()
-    # Capacity 160, used 48 + 16 + 40 + 20 = 124 (pins and running calls): 36 left.
-    view = EngineData(total_blocks=10, pins=CROWDED.pins, running=CROWDED.running)
-    queue = [SessionData("X", 10), SessionData("Y", 30), SessionData("Z", 5)]
-    # X (10) fits, 26 left; Y (30) does not and holds Z back (one global queue).
-    assert list(policy.admit(queue, view)) == [queue[0]]
+    assert list(policy.tick(CROWDED)) == [pause("B"), pause("A")]
+    policy.on_event(SessionEnd(session_id="B", turns=2))
+    # Room 160: only A (48) is still paused.
+    assert list(policy.tick(EngineData(total_blocks=10))) == [resume("A")]
 
 
 def test_every_finished_call_keeps_its_kv() -> None:
-    assert ThunderAgent().on_call_finished(call("a"), EngineData()) == Pin()
+    assert ThunderAgent().engine().on_call_finished(call("a"), EngineData()) == Pin()
+
+
+def test_the_check_interval_is_the_engine_halfs_tick() -> None:
+    assert ThunderAgent().engine().tick_interval_s == 5.0  # the paper's 5 s
+    assert ThunderAgent(check_interval_s=0.5).engine().tick_interval_s == 0.5
+    assert ThunderAgentOffload(check_interval_s=2.0).engine().tick_interval_s == 2.0
+
+
+def test_what_each_half_needs() -> None:
+    # The engine half pauses and restores on its tick and tells Acting from Reasoning
+    # by the tool events; the admission half reads the engine's KV figures.
+    engine = ThunderAgent().engine()
+    assert engine.needs == {Capability.TICK, Capability.PAUSE, Capability.TOOL_FIGURES}
+    assert ThunderAgent().admission().needs == {Capability.KV_FIGURES}
+    assert ThunderAgentOffload().admission().needs == {Capability.KV_FIGURES}
 
 
 def test_the_cpu_variant_keeps_evicted_blocks_in_an_lru_tier() -> None:
-    policy = ThunderAgentOffload()
-    assert policy.needs_cpu_tier and policy.offload_evicted
-    assert not ThunderAgent().needs_cpu_tier
+    policy = ThunderAgentOffload().engine()
+    assert Capability.CPU_TIER in policy.needs and policy.offload_evicted
+    assert Capability.CPU_TIER not in ThunderAgent().engine().needs
+    assert not ThunderAgent().engine().offload_evicted
+
+
+# --- the admission half: decided from the stream --------------------------------------
+
+
+def figures(half: ThunderAgentAdmission, free_blocks: int, total_blocks: int = 10) -> AdmissionData:
+    """The engine's KV figures reach the gateway: a ``kv_stats`` event goes through the
+    half's ``on_event`` and becomes the view's newest figures."""
+    stats: KVStats = kv_stats(free_blocks, total_blocks=total_blocks)
+    half.on_event(stats)
+    return AdmissionData(kv=stats)
+
+
+def test_nothing_is_admitted_before_any_kv_figures_arrive() -> None:
+    half = ThunderAgent().admission()
+    queue = [SessionData("N", prompt_tokens=1)]
+    assert list(half.admit(queue, AdmissionData(kv=None))) == []
+    assert list(half.admit(queue, figures(half, free_blocks=10))) == queue
+
+
+def test_new_programs_wait_while_the_stream_says_a_program_is_paused() -> None:
+    policy = ThunderAgent()
+    engine, half = policy.engine(), policy.admission()
+    acting(engine, "A", "B")
+    actions = list(engine.tick(CROWDED))
+    assert actions == [pause("B"), pause("A")]
+    queue = [SessionData("N", prompt_tokens=1)]
+    # 100 free blocks: room for N. The halves share nothing: until the engine's pauses
+    # come through the stream, the admission half does not know of them.
+    view = figures(half, free_blocks=100, total_blocks=100)
+    assert list(half.admit(queue, view)) == queue
+    # The engine publishes a session_pause for each pause it made.
+    for action in actions:
+        half.on_event(SessionPause(session_id=action.session_id))
+    assert list(half.admit(queue, view)) == []
+    # A resumes, B is still paused: the queue still waits.
+    half.on_event(SessionResume(session_id="A"))
+    assert list(half.admit(queue, view)) == []
+    # B's pause ends with its session: the queue moves again. (Only N's first admission
+    # has been counted against these figures: 1 token of 1600.)
+    half.on_event(SessionEnd(session_id="B", turns=3))
+    assert list(half.admit(queue, view)) == queue
+
+
+def test_a_resume_or_end_of_another_program_does_not_lift_a_pause() -> None:
+    half = ThunderAgent().admission()
+    view = figures(half, free_blocks=100, total_blocks=100)
+    queue = [SessionData("N", prompt_tokens=1)]
+    half.on_event(SessionPause(session_id="A"))
+    half.on_event(SessionResume(session_id="X"))
+    half.on_event(SessionEnd(session_id="Y", turns=1))
+    assert list(half.admit(queue, view)) == []
+    # A paused twice is one paused program: one resume lifts it.
+    half.on_event(SessionPause(session_id="A"))
+    half.on_event(SessionResume(session_id="A"))
+    assert list(half.admit(queue, view)) == queue
+
+
+def test_new_programs_are_admitted_in_order_while_their_prompt_fits() -> None:
+    half = ThunderAgent().admission()
+    # The engine's figures: 10 blocks, 9 used (A's pin 3, B's 1, C's 40 tokens 3, E's
+    # 20 tokens 2): 1 free block = 16 tokens of room.
+    view = figures(half, free_blocks=1)
+    queue = [SessionData("X", 10), SessionData("Y", 30), SessionData("Z", 5)]
+    # X (10) fits, 6 left; Y (30) does not and holds Z back (one global queue), although
+    # Z (5) alone would fit in the 6.
+    assert list(half.admit(queue, view)) == [queue[0]]
+
+
+def test_prompts_admitted_since_the_figures_count_until_new_figures_arrive() -> None:
+    half = ThunderAgent().admission()
+    # 4 free blocks = 64 tokens.
+    view = figures(half, free_blocks=4)
+    p, q, r = SessionData("P", 40), SessionData("Q", 30), SessionData("R", 24)
+    assert list(half.admit([p], view)) == [p]  # 40 <= 64; 24 left
+    # Same figures: P's 40 tokens do not show in them yet. Q (30) > 64 - 40 = 24.
+    assert list(half.admit([q], view)) == []
+    # R (24) fits exactly in what is left: 24 <= 24; then 0 left.
+    assert list(half.admit([r], view)) == [r]
+    assert list(half.admit([SessionData("S", 1)], view)) == []
+    # New figures (the engine has taken P's and R's prompts, and freed some): 2 free
+    # blocks = 32 tokens, nothing admitted since. Q (30) fits, 2 left.
+    view = figures(half, free_blocks=2)
+    assert list(half.admit([q, SessionData("S", 3)], view)) == [q]
+    # Other events change nothing of the count: 2 left, S (3) still does not fit, T (2)
+    # does.
+    half.on_event(ToolStart(session_id="P", call_id="tool", tool="t"))
+    assert list(half.admit([SessionData("S", 3)], view)) == []
+    assert list(half.admit([SessionData("T", 2)], view)) == [SessionData("T", 2)]
+
+
+def test_the_block_size_turns_free_blocks_into_tokens() -> None:
+    half = ThunderAgent().admission()
+    # 3 free blocks of 32 tokens = 96 tokens: A (64) fits, 32 left; B (33) does not.
+    stats = kv_stats(free_blocks=3, total_blocks=8)
+    half.on_event(stats)
+    view = AdmissionData(block_size=32, kv=stats)
+    queue = [SessionData("A", 64), SessionData("B", 33)]
+    assert list(half.admit(queue, view)) == [queue[0]]
+
+
+def test_each_admission_half_keeps_its_own_state() -> None:
+    # Two halves of one policy (two gateways, or a gateway restarted): a pause or an
+    # admission one of them saw is not in the other.
+    policy = ThunderAgent()
+    first, second = policy.admission(), policy.admission()
+    first.on_event(SessionPause(session_id="A"))
+    queue = [SessionData("N", 16)]
+    assert list(first.admit(queue, figures(first, free_blocks=1))) == []
+    assert list(second.admit(queue, figures(second, free_blocks=1))) == queue
 
 
 # --- on the simulated engine (10 ms steps, 16-token blocks; see scenarios.py) ----------
 
 
+class HeardAdmission(ThunderAgentAdmission):
+    """ThunderAgent's admission half, noting the pauses and resumes it hears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heard: list[tuple[str, str, float]] = []
+
+    def on_event(self, event: AnyEvent) -> None:
+        if isinstance(event, SessionPause | SessionResume):
+            self.heard.append((event.kind, event.session_id, event.mono_ns / 1e9))
+        super().on_event(event)
+
+
+class HeardThunderAgent(ThunderAgent):
+    """ThunderAgent whose admission half is kept for the test to look at."""
+
+    def admission(self) -> HeardAdmission:
+        self.half = HeardAdmission()
+        return self.half
+
+
 def test_a_program_is_paused_under_thrashing_and_restored_later() -> None:
+    policy = HeardThunderAgent(check_interval_s=0.345)
     record = run(
-        ThunderAgent(check_interval_s=0.345),
+        policy,
         session("a", turn(20, 12, tool_s=0.1), turn(60, 20)),
         session("b", turn(20, 12, tool_s=0.2), turn(60, 20)),
         session("c", turn(16, 2), arrival_s=0.4),
         blocks=8,
     )
-    # Capacity 8 x 16 = 128 tokens; checks at 0.345, 0.69, ...
-    # 0.00: a and b admitted (20 each); first calls end at 0.12 with 31 computed tokens:
-    #       1 full block pinned each. Tools: a until 0.22, b until 0.32.
+    # Capacity 8 x 16 = 128 tokens; checks at 0.345, 0.69, ...; KV figures reach the
+    # admission half at multiples of 0.1 s after they change.
+    # 0.00: the first figures: 8 free blocks = 128 tokens. a and b admitted (20 + 20 =
+    #       40 <= 128); first calls end at 0.12 with 31 computed tokens: 1 full block
+    #       pinned each. Tools: a until 0.22, b until 0.32.
     # 0.22: a's 2nd call (20 + 12 + 60 = 92 tokens: its pinned 16 + 5 new blocks, 6
     #       free) runs: first token 0.23, 20 tokens -> ends 0.42; at its 97th token it
     #       takes the last free block.
     # 0.32: b's 2nd call (92 tokens, 5 new blocks) finds none free and waits.
     # 0.345: a has 92 + 12 tokens, b's call waits with 92: 196 > 128, 68 too many. No
-    #       tool runs; shortest first: b is paused (its pin dropped, its call held).
-    # 0.40: c arrives and waits: a program is paused.
-    # 0.69: nothing runs: b is restored (92 <= 128) and its call sent again; then c
-    #       fits (16 <= 128 - 92). b still finds its 16 tokens (nothing reused that
-    #       block): first token 0.70, end 0.89; c ends 0.71.
+    #       tool runs; shortest first: b is paused (its pin dropped, its call held),
+    #       and the engine publishes a session_pause.
+    # 0.40: c arrives and waits: the stream says a program is paused.
+    # 0.50: the figures show all 8 blocks free (a ended at 0.42, b's pin was dropped),
+    #       but b is still paused: c still waits.
+    # 0.69: nothing runs: b is restored (92 <= 128), its call sent again, and the
+    #       engine publishes a session_resume; then c fits the newest figures (those
+    #       of 0.50: 128 tokens, nothing admitted since): 16 <= 128. b still finds its
+    #       16 tokens (nothing reused that block): first token 0.70, end 0.89; c ends
+    #       0.71.
     assert ends(record) == pytest.approx({"a": 0.42, "b": 0.89, "c": 0.71})
     b_second = calls(record, "b")[1]
     assert b_second.submit_s == pytest.approx(0.69)
@@ -158,6 +324,11 @@ def test_a_program_is_paused_under_thrashing_and_restored_later() -> None:
     assert c_session.admitted_s == pytest.approx(0.69)
     # Pins: a's block 0.12-0.22, b's 0.12-0.345 (dropped by the pause).
     assert record.pinned_block_s == pytest.approx(0.1 + 0.225)
+    # What the admission half learnt of the engine's pause and resume, from the stream.
+    assert policy.half.heard == [
+        ("session_pause", "b", pytest.approx(0.345)),
+        ("session_resume", "b", pytest.approx(0.69)),
+    ]
 
 
 # a pins 2 blocks across a 1 s tool; b (32-token prompt, 20 out) arrives at 0.5 and
@@ -187,7 +358,8 @@ def test_evicted_blocks_are_recomputed_or_loaded_from_the_cpu_tier(
 ) -> None:
     record = run(policy_class(), *SQUEEZED, blocks=4)
     # 0.03: a's first call ends, 32 computed tokens: 2 blocks pinned (Acting).
-    # 0.50: b is admitted (its 32 tokens fit the 64 - 32 left) into the 2 free blocks.
+    # 0.10: the figures show a's pin: 2 free blocks = 32 tokens.
+    # 0.50: b is admitted (its 32 tokens fit those 32) into the 2 free blocks.
     # 0.51: b's 33rd token needs a 3rd block: a's pin is dropped, b takes a's 2nd block
     #       (evicted); for its 49th token, a's 1st (evicted). b ends 0.70.
     assert evictions(record)[0] == (0.51, 1)

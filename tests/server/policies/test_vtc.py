@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 from agentmars.sdk.events import LLMEnd, SessionEnd
-from agentmars.server.policies.vtc import VTC
+from agentmars.server.policies.vtc import VTC, VTCEngine
 from tests.server.policies.scenarios import ends, run, session, turn
 from tests.server.policies.views import CallData, EngineData, call
 
 
-def look(policy: VTC, now: float, running: list[CallData], waiting: list[CallData]) -> None:
+def look(policy: VTCEngine, now: float, running: list[CallData], waiting: list[CallData]) -> None:
     """One engine step that orders its waiting calls: the counters are brought up to
     date (a step with no waiting call never asks)."""
     view = EngineData(now=now, running=running, waiting=waiting)
@@ -30,7 +30,7 @@ def ended(call_data: CallData, output_tokens: int) -> LLMEnd:
 
 
 def test_counters_after_admissions_and_decoded_tokens() -> None:
-    policy = VTC()
+    policy = VTC().engine()
     a1 = call("A", prompt_tokens=100, arrival_s=0.0)
     b1 = call("B", prompt_tokens=10, arrival_s=0.0)
     look(policy, 0.0, running=[], waiting=[a1, b1])
@@ -65,7 +65,7 @@ def test_counters_after_admissions_and_decoded_tokens() -> None:
 
 
 def test_a_client_that_becomes_backlogged_is_lifted_to_the_least_other_counter() -> None:
-    policy = VTC()
+    policy = VTC().engine()
     # X and Y were served 40 and 30 prompt tokens (calls that ran while nothing waited,
     # charged when they ended), then their next calls wait: Y's first (alone in the
     # backlog, it stays at 30), then X's (max(40, 30) = 40).
@@ -83,7 +83,7 @@ def test_a_client_that_becomes_backlogged_is_lifted_to_the_least_other_counter()
 
 
 def test_a_client_served_more_than_the_backlog_keeps_its_counter() -> None:
-    policy = VTC()
+    policy = VTC().engine()
     policy.on_event(ended(call("X", prompt_tokens=10), output_tokens=0))
     policy.on_event(ended(call("Y", prompt_tokens=50), output_tokens=0))
     x, y = call("X", 1, arrival_s=0.9), call("Y", 1, arrival_s=1.5)
@@ -98,7 +98,7 @@ def test_clients_backlogged_in_the_same_step_are_lifted_in_arrival_order() -> No
     # it ended) and is idle; B never ran. Both get a call waiting before the next
     # step, A's first: as when their arrivals are handled one by one, A (alone in the
     # backlog) stays at 50, then B is lifted to A's 50.
-    policy = VTC()
+    policy = VTC().engine()
     policy.on_event(ended(call("A", prompt_tokens=40), output_tokens=5))
     a_next = call("A", 1, arrival_s=1.0)
     b_first = call("B", arrival_s=2.0)
@@ -109,7 +109,7 @@ def test_clients_backlogged_in_the_same_step_are_lifted_in_arrival_order() -> No
 def test_a_later_arrival_is_not_lifted_to_a_client_behind_it() -> None:
     # Same, B's call first: B (alone) stays at 0; A is lifted to max(50, 0) = 50. B
     # goes first.
-    policy = VTC()
+    policy = VTC().engine()
     policy.on_event(ended(call("A", prompt_tokens=40), output_tokens=5))
     look(policy, 3.0, running=[], waiting=[call("A", 1, arrival_s=2.0), call("B", arrival_s=1.0)])
     assert (policy.counters["A"], policy.counters["B"]) == (50, 0)
@@ -117,13 +117,13 @@ def test_a_later_arrival_is_not_lifted_to_a_client_behind_it() -> None:
 
 def test_a_call_no_step_saw_running_is_charged_when_it_ends() -> None:
     # Admitted and finished while nothing waited, so no step looked at the counters.
-    policy = VTC()
+    policy = VTC().engine()
     policy.on_event(ended(call("A", prompt_tokens=50), output_tokens=7))
     assert policy.counters["A"] == 50 + 2 * 7
 
 
 def test_weights_and_a_finished_client_is_forgotten() -> None:
-    policy = VTC(w_prompt=0.5, w_output=1.0)
+    policy = VTC(w_prompt=0.5, w_output=1.0).engine()
     a = call("A", prompt_tokens=100, output_tokens=10)
     look(policy, 1.0, running=[a], waiting=[call("B")])
     assert policy.counters["A"] == 0.5 * 100 + 1.0 * 10  # 60

@@ -1,14 +1,17 @@
-"""Plain data that satisfies the policy interface's read-only views
-(``agentmars.server.policies.interface``), for calling a policy's decisions directly:
-a call, a pin, a session at the gateway, the engine, and a linear cost estimator whose
-times are easy to work out by hand. Frozen: a test that moves time on builds a new
-view with ``dataclasses.replace``."""
+"""Plain data that satisfies the policy halves' read-only views
+(``agentmars.server.policies.views``), for calling a policy's decisions directly: a
+call, a pin, a session at the gateway, the engine (for the engine half), the gateway
+(for the admission half), and a linear cost estimator whose times are easy to work out
+by hand. Frozen: a test that moves time on builds a new view with
+``dataclasses.replace``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentmars.sdk.events import KVStats
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,12 @@ class CallData:
     next_tool: str | None = None
     expected_tool_s: float | None = None
     agent: str = "agent"
+    task_id: str = ""
+    """The agent instance; empty: the session itself (a session that is its own task)."""
+
+    def __post_init__(self) -> None:
+        if not self.task_id:
+            object.__setattr__(self, "task_id", self.session_id)
 
     @property
     def num_tokens(self) -> int:
@@ -109,6 +118,35 @@ class EngineData:
 
     def pin_of(self, session_id: str) -> PinData | None:
         return next((pin for pin in self.pins if pin.session_id == session_id), None)
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+
+def kv_stats(free_blocks: int, total_blocks: int = 64, **fields: Any) -> KVStats:
+    """The engine's KV figures as a ``kv_stats`` event brings them to the gateway:
+    ``free_blocks`` free of ``total_blocks``, the rest used."""
+    return KVStats(
+        total_blocks=total_blocks,
+        free_blocks=free_blocks,
+        used_blocks=total_blocks - free_blocks,
+        **fields,
+    )
+
+
+@dataclass(frozen=True)
+class AdmissionData:
+    """An ``AdmissionView``: what the gateway knows (``kv``: the newest ``kv_stats``
+    figures, None until any arrived)."""
+
+    now: float = 0.0
+    block_size: int = 16
+    kv: KVStats | None = None
+    active_sessions: int = 0
+    active_tools: int = 0
+    queued_tools: int = 0
+    tool_cores: int = 4
+    tool_ema_s: Mapping[str, float] = field(default_factory=dict)
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentmars.server.sim.cost_model import FittedCost, Profile
+from agentmars.server.profiles.cost_model import FittedCost, Profile
 from agentmars.server.workloads.model import SessionSpec, ToolSpec, TurnSpec, Workload
 
 STEP_S = 0.01

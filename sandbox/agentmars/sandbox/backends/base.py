@@ -62,15 +62,3 @@ class Backend(Protocol):
     async def close(self) -> None:
         """Kill anything still running and remove cgroups / containers."""
         ...
-
-
-def backend_for(name: str) -> Backend:
-    if name == "process":
-        from agentmars.sandbox.backends.process import ProcessBackend
-
-        return ProcessBackend()
-    if name == "docker":
-        from agentmars.sandbox.backends.docker import DockerBackend
-
-        return DockerBackend()
-    raise ValueError(f"unknown sandbox backend {name!r}; choose 'process' or 'docker'")

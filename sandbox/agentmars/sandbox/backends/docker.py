@@ -36,6 +36,7 @@ import posixpath
 import signal
 import socket
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -45,8 +46,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentmars.sandbox.backends.base import Job, OutputCallback, Slot, Stream
+from agentmars.sandbox.backends.output import CappedOutput, deliver
 from agentmars.sandbox.config import SandboxConfig
-from agentmars.sandbox.spec import TRUNCATION_MARKER, ExecResult, ExecStatus, SandboxError
+from agentmars.sandbox.spec import ExecResult, ExecStatus, SandboxError
 
 log = logging.getLogger("agentmars.sandbox.docker")
 
@@ -65,7 +67,6 @@ KILL_GRACE_S = 10.0
 _FRAME_HEADER = struct.Struct(">BxxxL")
 _STREAMS: dict[int, Stream] = {1: "stdout", 2: "stderr", 3: "stderr"}  # 3: engine errors
 
-Emit = Callable[[Stream, bytes], None]
 Outcome = Literal["exited", "timeout", "cancelled"]
 
 
@@ -183,32 +184,6 @@ def exit_outcome(code: int | None) -> tuple[ExecStatus, int | None, str | None]:
     return "error", code, None
 
 
-class CappedOutput:
-    """One stream's output: the first ``cap`` bytes kept, the rest only counted."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.dropped = 0
-        self._kept = bytearray()
-
-    def feed(self, chunk: bytes) -> bytes:
-        """Take a chunk; return the part of it that is kept."""
-        kept = chunk[: max(self.cap - len(self._kept), 0)]
-        self._kept += kept
-        self.dropped += len(chunk) - len(kept)
-        return kept
-
-    @property
-    def truncated(self) -> bool:
-        return self.dropped > 0
-
-    def marker(self) -> str:
-        return TRUNCATION_MARKER.format(dropped=self.dropped) if self.dropped else ""
-
-    def text(self) -> str:
-        return self._kept.decode("utf-8", errors="replace") + self.marker()
-
-
 # --- the exec connection (blocking; runs in the backend's I/O threads) -------------------
 
 
@@ -241,16 +216,14 @@ def read_frames(recv: Callable[[int], bytes]) -> Iterator[tuple[int, bytes]]:
             yield stream_id, chunk
 
 
-def pump_frames(sock: Any, stdout: CappedOutput, stderr: CappedOutput, emit: Emit | None) -> None:
-    """Read the exec's output to its end, capping each stream; ``emit`` gets the kept
-    bytes of every chunk."""
+def pump_frames(sock: Any, stdout: CappedOutput, stderr: CappedOutput) -> None:
+    """Read the exec's output to its end into each stream's capper, which passes the
+    kept bytes of every chunk on."""
     raw = raw_socket(sock)
     try:
         for stream_id, chunk in read_frames(raw.recv):
             stream = _STREAMS.get(stream_id, "stdout")
-            kept = (stderr if stream == "stderr" else stdout).feed(chunk)
-            if kept and emit is not None:
-                emit(stream, kept)
+            (stderr if stream == "stderr" else stdout).feed(chunk)
     except OSError as exc:  # the connection broke: the exit status tells the rest
         log.debug("exec output stream ended with %s", exc)
 
@@ -647,9 +620,10 @@ class DockerBackend:
     ) -> ExecResult:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        stdout, stderr = CappedOutput(job.output_cap_bytes), CappedOutput(job.output_cap_bytes)
         emit = _on_loop(loop, on_output)
-        reader = loop.run_in_executor(self._io, pump_frames, sock, stdout, stderr, emit)
+        stdout = CappedOutput("stdout", job.output_cap_bytes, emit)
+        stderr = CappedOutput("stderr", job.output_cap_bytes, emit)
+        reader = loop.run_in_executor(self._io, pump_frames, sock, stdout, stderr)
         io = [reader]
         if job.spec.stdin is not None:
             io.append(loop.run_in_executor(self._io, send_stdin, sock, job.spec.stdin.encode()))
@@ -664,10 +638,8 @@ class DockerBackend:
             _unblock(sock)
             await asyncio.gather(*io, return_exceptions=True)
             _close(sock)
-        outputs: tuple[tuple[Stream, CappedOutput], ...] = (("stdout", stdout), ("stderr", stderr))
-        for stream, output in outputs:
-            if output.truncated and on_output is not None:  # as the process backend does
-                _safely(on_output, stream, output.marker().encode())
+        stdout.finish()  # on the loop, after the reader's chunks (see _on_loop)
+        stderr.finish()
         code = completion.result() if completion.done() and not completion.cancelled() else None
         status, exit_status, detail = await self._judge(box, outcome, code, job.timeout_s)
         return _result(slot, status, exit_status, detail, stdout, stderr, wall_s)
@@ -760,24 +732,26 @@ class DockerBackend:
 # --- helpers of execute -----------------------------------------------------------------
 
 
-def _on_loop(loop: asyncio.AbstractEventLoop, on_output: OutputCallback | None) -> Emit | None:
-    """``on_output`` called on the event loop, in order, from the reader thread."""
+def _on_loop(
+    loop: asyncio.AbstractEventLoop, on_output: OutputCallback | None
+) -> OutputCallback | None:
+    """``on_output`` called on the event loop, in order: from the reader thread, each
+    call is queued there; on the loop itself (the truncation markers, once the reader
+    has ended and its queued calls have run), it is made at once, so it arrives before
+    the result does."""
     if on_output is None:
         return None
     callback = on_output
+    loop_thread = threading.get_ident()
 
     def emit(stream: Stream, data: bytes) -> None:
+        if threading.get_ident() == loop_thread:
+            callback(stream, data)  # CappedOutput guards this call
+            return
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody listens any more
-            loop.call_soon_threadsafe(_safely, callback, stream, data)
+            loop.call_soon_threadsafe(deliver, callback, stream, data)
 
     return emit
-
-
-def _safely(on_output: OutputCallback, stream: Stream, data: bytes) -> None:
-    try:
-        on_output(stream, data)
-    except Exception:  # a broken listener must not lose the command's output
-        log.exception("on_output callback failed")
 
 
 async def _race(

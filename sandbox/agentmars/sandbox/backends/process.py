@@ -88,11 +88,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentmars.sandbox.backends import netns, sandbox_init
-from agentmars.sandbox.backends.base import Job, OutputCallback, Slot, Stream
+from agentmars.sandbox.backends.base import Job, OutputCallback, Slot
+from agentmars.sandbox.backends.output import CappedOutput
 from agentmars.sandbox.cgroups import CgroupManager, SlotCgroup
 from agentmars.sandbox.config import SandboxConfig
 from agentmars.sandbox.spec import (
-    TRUNCATION_MARKER,
     ExecResult,
     ExecSpec,
     ExecStatus,
@@ -120,44 +120,19 @@ without one (set-uid bubblewrap). ``none``: no sandbox at all."""
 EndedBy = Literal["exit", "timeout", "cancelled", "closed"]
 
 
-class _CappedStream:
-    """One output stream: the first ``cap`` bytes kept, the rest only counted."""
-
-    def __init__(self, name: Stream, cap: int) -> None:
-        self.name = name
-        self.cap = cap
-        self.kept = bytearray()
-        self.dropped = 0
-
-    def add(self, data: bytes) -> bytes:
-        """Keep what fits; return the part kept (for streaming)."""
-        room = self.cap - len(self.kept)
-        kept = data[: max(room, 0)]
-        self.kept += kept
-        self.dropped += len(data) - len(kept)
-        return kept
-
-    @property
-    def marker(self) -> str:
-        return TRUNCATION_MARKER.format(dropped=self.dropped) if self.dropped else ""
-
-    def text(self) -> str:
-        return self.kept.decode("utf-8", errors="replace") + self.marker
-
-
 class _JobOutput:
-    """Reads the job's stdout and stderr pipes as data arrives, keeps and streams it
-    (the kept part, to ``on_output``), and tells when both pipes are closed."""
+    """Reads the job's stdout and stderr pipes as data arrives into their cappers
+    (which stream the kept part to ``on_output``), and tells when both pipes are
+    closed."""
 
     def __init__(self, cap: int, on_output: OutputCallback | None) -> None:
         self._loop = asyncio.get_running_loop()
-        self.stdout = _CappedStream("stdout", cap)
-        self.stderr = _CappedStream("stderr", cap)
-        self.on_output = on_output
+        self.stdout = CappedOutput("stdout", cap, on_output)
+        self.stderr = CappedOutput("stderr", cap, on_output)
         self.closed: asyncio.Future[None] = self._loop.create_future()
-        self._pipes: dict[int, _CappedStream] = {}
+        self._pipes: dict[int, CappedOutput] = {}
 
-    def watch(self, fd: int, stream: _CappedStream) -> None:
+    def watch(self, fd: int, stream: CappedOutput) -> None:
         """Read the pipe ``fd`` (ours from now on) into ``stream``."""
         os.set_blocking(fd, False)
         self._pipes[fd] = stream
@@ -171,10 +146,7 @@ class _JobOutput:
         if not data:
             self._stop(fd)
             return
-        stream = self._pipes[fd]
-        kept = stream.add(data)
-        if kept:
-            self._emit(stream.name, kept)
+        self._pipes[fd].feed(data)
 
     def _stop(self, fd: int) -> None:
         self._loop.remove_reader(fd)
@@ -188,18 +160,10 @@ class _JobOutput:
         for fd in list(self._pipes):
             self._stop(fd)
 
-    def emit_markers(self) -> None:
-        for stream in (self.stdout, self.stderr):
-            if stream.marker:
-                self._emit(stream.name, stream.marker.encode())
-
-    def _emit(self, name: Stream, chunk: bytes) -> None:
-        if self.on_output is None:
-            return
-        try:
-            self.on_output(name, chunk)
-        except Exception:  # a broken listener must not lose the job's output
-            log.exception("on_output callback failed")
+    def finish(self) -> None:
+        """Stream the truncation markers (the job has ended normally)."""
+        self.stdout.finish()
+        self.stderr.finish()
 
 
 class _HostProcess:
@@ -678,7 +642,7 @@ class ProcessBackend:
             process.close()
             output.close()
             reports = _read_available(status_fd)
-        output.emit_markers()
+        output.finish()
         after = _Counters.read(group)
         if not survivors:
             self._idle_counters[slot.index] = after
@@ -692,8 +656,8 @@ class ProcessBackend:
             exit_status=exit_status,
             stdout=output.stdout.text(),
             stderr=output.stderr.text(),
-            stdout_truncated=output.stdout.dropped > 0,
-            stderr_truncated=output.stderr.dropped > 0,
+            stdout_truncated=output.stdout.truncated,
+            stderr_truncated=output.stderr.truncated,
             wall_s=time.monotonic() - started,
             cpu_s=process.cpu_s if cpu_s is None else cpu_s,
             slot=slot.index,

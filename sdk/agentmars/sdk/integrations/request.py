@@ -8,9 +8,13 @@ and LiteLLM integrations only adapt these to their client's call style.
 
 Wire contract (vLLM 0.32 reads all three, see shared notes on the plugin):
 header ``X-Session-ID``; body ``session_id``; body ``vllm_xargs`` with
-``session_id``, ``turn``, ``follows_tool`` and ``expects_tool`` (0/1 ints:
-vLLM's extra_args take str / int / float only). Values the caller already put
-in ``vllm_xargs`` are kept.
+``session_id``, ``call_id`` (the id the SDK's events give the call), ``turn``,
+``follows_tool`` and ``expects_tool`` (0/1 ints: vLLM's extra_args take str /
+int / float only), and, when known, the session's ``agent`` and ``task_id`` and
+the ``hints`` block's ``next_tool`` and ``expected_tool_s``. Other values the
+caller already put in ``vllm_xargs`` are kept, and so is a hint the caller gave
+a call there itself (it is more specific than a session's or a block's); the
+ids and markers are always the SDK's, so the wire and the events agree.
 """
 
 from __future__ import annotations
@@ -76,6 +80,14 @@ def begin_call(kwargs: dict[str, Any], operation: Operation) -> LLMCall | None:
     return call
 
 
+def _hints(call: LLMCall) -> dict[str, str | float]:
+    """The session's agent and task and the call's hints, those that are known."""
+    assert call.session is not None
+    known = {"agent": call.session.agent, "task_id": call.session.task_id}
+    hints = {name: value for name, value in known.items() if value is not None}
+    return {**hints, **(call.hints.as_xargs() if call.hints is not None else {})}
+
+
 def inject_metadata(kwargs: dict[str, Any], call: LLMCall) -> None:
     """Merge the call's session metadata into ``extra_headers`` / ``extra_body``."""
     assert call.session is not None and call.turn is not None
@@ -85,8 +97,10 @@ def inject_metadata(kwargs: dict[str, Any], call: LLMCall) -> None:
     body = dict(kwargs.get("extra_body") or {})
     body["session_id"] = session_id
     body["vllm_xargs"] = {
+        **_hints(call),
         **(body.get("vllm_xargs") or {}),
         "session_id": session_id,
+        "call_id": call.call_id,
         "turn": call.turn,
         "follows_tool": int(call.follows_tool),
         "expects_tool": int(call.expects_tool),

@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,13 +27,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agentmars.sdk.events import AnyEvent
+from agentmars.server.gateway.admission import Admission
+from agentmars.server.gateway.call_meta import BadRequest, CallMeta, call_metadata
 from agentmars.server.gateway.events import CallRecorder, CallStatus, stream_router
 from agentmars.server.gateway.metrics import GatewayMetrics
 from agentmars.server.gateway.plugin_link import PluginLink
 from agentmars.server.gateway.proxy import (
-    ClientGone,
-    ClientWatch,
-    ClosingStreamingResponse,
     GatewayError,
     Upstream,
     exchange,
@@ -40,11 +41,13 @@ from agentmars.server.gateway.proxy import (
     relay,
     upstream_error,
 )
-from agentmars.server.gateway.sessions import Admission, BadRequest, CallMeta, call_metadata
-from agentmars.server.gateway.telemetry import GatewayView, KVSource
-from agentmars.server.ingest import EventHub, ingest_router, install_error_handlers
+from agentmars.server.gateway.telemetry import KVSource
+from agentmars.server.policies.admission_view import StreamAdmissionView
+from agentmars.server.policies.capabilities import Capability, refuse_unless
 from agentmars.server.policies.interface import Policy
 from agentmars.server.policies.registry import make_policy
+from agentmars.server.web.client_watch import ClientGone, ClientWatch, ClosingStreamingResponse
+from agentmars.server.web.ingest import EventHub, ingest_router, install_error_handlers
 
 log = logging.getLogger("agentmars.server")
 ADMISSION_PASS_S = 0.1
@@ -105,20 +108,30 @@ class Gateway:
 
 
 def _build_gateway(config: GatewayConfig, hub: EventHub, policy: Policy | None) -> Gateway:
+    """The gateway's services; refuses (``PolicyRefused``) a policy whose admission half
+    needs what this gateway cannot give it."""
     link = None
     if config.plugin_kv_address or config.plugin_hints_address:
         link = PluginLink(
-            kv_address=config.plugin_kv_address, hints_address=config.plugin_hints_address
+            kv_address=config.plugin_kv_address,
+            hints_address=config.plugin_hints_address,
+            on_events=hub.publish,
         )
     kv_source = config.kv_source or (link if config.plugin_kv_address else None)
-    view = GatewayView(
-        kv_source,
-        block_size=config.block_size,
-        max_num_seqs=config.max_num_seqs,
-        tool_cores=config.tool_cores,
-    )
     policy = policy or make_policy(config.policy, **config.policy_settings)
-    admission = Admission(policy, view, idle_timeout_s=config.idle_timeout_s)
+    half = policy.admission()
+    provides = {Capability.TOOL_FIGURES, Capability.AGENT_INSTANCE}
+    if kv_source is not None:
+        provides.add(Capability.KV_FIGURES)
+    refuse_unless(policy.name, half.needs, provides, "the gateway")
+    half.publish = lambda event: hub.publish([event])
+    view = StreamAdmissionView(
+        clock=time.monotonic,
+        block_size=config.block_size,
+        tool_cores=config.tool_cores if config.tool_cores is not None else os.cpu_count() or 1,
+        kv_source=kv_source.kv_stats if kv_source is not None else None,
+    )
+    admission = Admission(half, view, policy_name=policy.name, idle_timeout_s=config.idle_timeout_s)
     return Gateway(config, hub, admission, GatewayMetrics(admission), link=link)
 
 
@@ -136,7 +149,7 @@ async def _admission_passes(admission: Admission) -> None:
         try:
             admission.admit()
         except Exception:  # a failing policy must not stop the passes for good
-            log.exception("agentmars admission pass failed (policy %s)", admission.policy.name)
+            log.exception("agentmars admission pass failed (policy %s)", admission.policy_name)
 
 
 @contextlib.asynccontextmanager
@@ -261,13 +274,19 @@ def _body_schema(required: str) -> dict[str, Any]:
         "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
         "required": ["role"],
     }
+    name = {"type": "string", "maxLength": 256}
     xargs = {
         "type": "object",
         "properties": {
             "session_id": {"type": "string"},
+            "call_id": {"type": "string"},
             "turn": {"type": "integer", "minimum": 0},
             "follows_tool": {"type": "integer", "enum": [0, 1]},
             "expects_tool": {"type": "integer", "enum": [0, 1]},
+            "next_tool": {**name, "minLength": 1},
+            "expected_tool_s": {"type": "number", "minimum": 0},
+            "agent": name,
+            "task_id": {"type": "string"},
         },
     }
     schema = {
@@ -279,6 +298,8 @@ def _body_schema(required: str) -> dict[str, Any]:
             "max_tokens": {"type": "integer", "minimum": 1},
             "stream": {"type": "boolean"},
             "session_id": {"type": "string"},
+            "prompt_cache_key": {"type": "string"},
+            "program_id": {"type": "string"},
             "priority": {"type": "integer"},
             "vllm_xargs": xargs,
         },

@@ -20,9 +20,9 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from agentmars.sdk.auth import UNAUTHORISED, bearer_matches, check_token
-from agentmars.sdk.events import AnyEvent, LLMEnd, LLMFirstToken, LLMSubmit, clock, new_id
-from agentmars.server.gateway.sessions import CallMeta
-from agentmars.server.ingest import EventHub
+from agentmars.sdk.events import AnyEvent, LLMEnd, LLMFirstToken, LLMSubmit, clock
+from agentmars.server.gateway.call_meta import CallMeta
+from agentmars.server.web.ingest import EventHub
 
 CallStatus = Literal["ok", "error", "cancelled"]
 STREAM_PATH = "/v1/events/stream"
@@ -63,7 +63,7 @@ class CallRecorder:
         self.hub = hub
         self.ids: dict[str, Any] = {
             "session_id": meta.session_id,
-            "call_id": new_id(),
+            "call_id": meta.call_id,  # the SDK's when sent: its events and ours name one call
             "turn": turn,
             "source": "gateway",
         }

@@ -2,11 +2,10 @@
 gateways in one process, as in the tests, do not share figures).
 
 Gauges are read at scrape time from the admission and the view; every series has a
-``policy`` label. ``agentmars_window`` is the policy's admission window: its
-``window`` attribute when it has one, else the newest ``window_update`` event's, else
--1 (the policy has no window: it admits everything). KV figures come from the view's
-``KVSource`` (0 while unknown); the pins and their releases by reason only from the
-plugin's side channel.
+``policy`` label. ``agentmars_window`` is the admission half's window as its newest
+``window_update`` event says, else -1 (the policy has no window: it admits
+everything). KV figures are the view's newest ``kv_stats`` (0 while unknown); the pins
+and their releases by reason only come from the plugin's side channel.
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agentmars.sdk.events import AnyEvent
-from agentmars.server.gateway.sessions import Admission
+from agentmars.sdk.events import AnyEvent, KVStats
+from agentmars.server.gateway.admission import Admission
 
 
 class GatewayCollector(Collector):
@@ -26,7 +25,7 @@ class GatewayCollector(Collector):
 
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
-        self.policy = admission.policy.name or type(admission.policy).__name__
+        self.policy = admission.policy_name
         self.last_window: int | None = None
 
     def observe(self, event: AnyEvent) -> None:
@@ -34,9 +33,6 @@ class GatewayCollector(Collector):
             self.last_window = event.window
 
     def window(self) -> int:
-        window = getattr(self.admission.policy, "window", None)
-        if isinstance(window, int | float):
-            return int(window)
         return self.last_window if self.last_window is not None else -1
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -46,7 +42,7 @@ class GatewayCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         view = self.admission.view
-        kv = view.kv.kv_figures()
+        kv = view.kv or KVStats(total_blocks=0, free_blocks=0, used_blocks=0)
         yield self._gauge("agentmars_window", "Admission window (-1: none)", self.window())
         yield self._gauge(
             "agentmars_admission_queue",

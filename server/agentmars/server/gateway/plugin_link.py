@@ -2,14 +2,17 @@
 (notes/vllm-plugin.md "Telemetry"; the plugin's end is ``engines/vllm/kv_status`` and
 ``engines/vllm/hints``).
 
-- Out, the hints: every session event the gateway records or ingests (LLM call events,
-  tool enqueue / start / end, session start and end) goes to the plugin's PULL socket
-  as its JSON line, so the policy inside vLLM learns what the gateway's learns and a
-  session's end releases its pin. The PUSH socket queues up to ``HINT_QUEUE`` events
-  while the engine is not (yet) listening; past that, events are dropped and counted
-  rather than stall the gateway.
-- In, the KV figures: a thread reads the plugin's PUB socket (10 per second) and keeps
-  the newest figures; the link is the gateway view's ``KVSource``.
+- Out, the hints: every event the gateway records, ingests or its admission half
+  publishes (LLM call events, tool events, session start and end, ``window_update``...)
+  goes to the plugin's PULL socket as its JSON line, so the engine half inside vLLM
+  learns what the admission half learns and a session's end releases its pin. Events
+  that came from the engine itself are not sent back. The PUSH socket queues up to
+  ``HINT_QUEUE`` events while the engine is not (yet) listening; past that, events are
+  dropped and counted rather than stall the gateway.
+- In, on the plugin's PUB socket, read by a thread: the KV figures, a ``kv_stats``
+  event 10 times a second (the link keeps the newest: it is the gateway's
+  ``KVSource``), and the events the engine half publishes (``session_pause``...),
+  handed to ``on_events`` (the gateway's hub) as they come.
 
 ZMQ sockets are not thread-safe: the PUSH socket is used on the event loop only (the
 app calls ``forward`` from its event handler there), the SUB socket by its thread only.
@@ -17,17 +20,15 @@ app calls ``forward`` from its event handler there), the SUB socket by its threa
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
 
-from agentmars.sdk.events import AnyEvent, SessionEvent
-from agentmars.server.engines.vllm.kv_status import ZMQ_TOPIC
-from agentmars.server.gateway.telemetry import KVFigures
+from agentmars.sdk.events import AnyEvent, EventError, KVStats, decode_event
+from agentmars.server.engines.vllm.kv_status import EVENT_TOPIC, ZMQ_TOPIC
 
 log = logging.getLogger("agentmars.server")
 
@@ -39,10 +40,17 @@ class PluginLink:
     """Hints out to ``hints_address``, KV figures in from ``kv_address`` (either may be
     None). ``start()`` opens the sockets, ``close()`` closes them."""
 
-    def __init__(self, *, kv_address: str | None, hints_address: str | None) -> None:
+    def __init__(
+        self,
+        *,
+        kv_address: str | None,
+        hints_address: str | None,
+        on_events: Callable[[Sequence[AnyEvent]], None] = lambda events: None,
+    ) -> None:
         self.kv_address = kv_address
         self.hints_address = hints_address
-        self._figures = KVFigures()
+        self._on_events = on_events
+        self._kv: KVStats | None = None
         self.dropped_hints = 0
         self._context = zmq.Context()
         self._push: Any = None
@@ -58,6 +66,7 @@ class PluginLink:
         if self.kv_address:
             subscriber = self._context.socket(zmq.SUB)
             subscriber.setsockopt(zmq.SUBSCRIBE, ZMQ_TOPIC)
+            subscriber.setsockopt(zmq.SUBSCRIBE, EVENT_TOPIC)
             subscriber.setsockopt(zmq.LINGER, 0)
             subscriber.connect(self.kv_address)
             self._reader = threading.Thread(
@@ -76,41 +85,38 @@ class PluginLink:
     # --- out: hints ----------------------------------------------------------------------
 
     def forward(self, events: Sequence[AnyEvent]) -> None:
-        """Send the session events among ``events`` to the plugin (never blocks)."""
+        """Send ``events`` to the plugin, except the engine's own (never blocks)."""
         if self._push is None:
             return
         for event in events:
-            if not isinstance(event, SessionEvent):
+            if event.source == "engine" or isinstance(event, KVStats):
                 continue
             try:
                 self._push.send(event.to_json().encode(), zmq.NOBLOCK)
             except zmq.Again:
                 self.dropped_hints += 1
 
-    # --- in: KV figures ------------------------------------------------------------------
+    # --- in: KV figures and the engine half's events -------------------------------------
 
-    def kv_figures(self) -> KVFigures:
-        return self._figures
+    def kv_stats(self) -> KVStats | None:
+        return self._kv
 
     def _read_kv(self, subscriber: Any) -> None:
         try:
             while not self._stopping.is_set():
                 if subscriber.poll(POLL_MS):
-                    _, payload = subscriber.recv_multipart()
-                    self._take_kv(payload)
+                    topic, payload = subscriber.recv_multipart()
+                    self._take(topic, payload)
         finally:
             subscriber.close()
 
-    def _take_kv(self, payload: bytes) -> None:
+    def _take(self, topic: bytes, payload: bytes) -> None:
         try:
-            figures = json.loads(payload)
-            self._figures = KVFigures(
-                total_blocks=int(figures["total"]),
-                free_blocks=int(figures["free"]),
-                used_blocks=int(figures["used"]),
-                pinned_blocks=int(figures["pinned"]),
-                pins=int(figures["pins"]),
-                released={str(k): int(v) for k, v in figures.get("released", {}).items()},
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            log.warning("agentmars: ignored KV figures the plugin link could not read: %r", error)
+            event = decode_event(payload)
+        except EventError as error:
+            log.warning("agentmars: ignored a plugin message that is no event: %s", error)
+            return
+        if topic == ZMQ_TOPIC and isinstance(event, KVStats):
+            self._kv = event
+        elif topic == EVENT_TOPIC:
+            self._on_events([event])

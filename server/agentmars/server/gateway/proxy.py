@@ -19,20 +19,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse
 
 from agentmars.sdk.integrations.request import SESSION_HEADER
+from agentmars.server.gateway.call_meta import CallMeta
 from agentmars.server.gateway.events import CallRecorder, CallStatus
-from agentmars.server.gateway.sessions import CallMeta
 
-T = TypeVar("T")
 MODELS_TIMEOUT_S = 2.0
 FORWARDED_HEADERS = ("authorization", "x-request-id")
 """Client headers the engine may need (its API key, request id); others (host,
@@ -55,10 +53,6 @@ class GatewayError(Exception):
     def response(self) -> JSONResponse:
         body = {"error": {"message": self.message, "type": self.kind, "code": self.status}}
         return JSONResponse(body, status_code=self.status)
-
-
-class ClientGone(Exception):
-    """The client disconnected before the answer was ready."""
 
 
 def engine_down(base_url: str, exc: BaseException) -> GatewayError:
@@ -205,19 +199,25 @@ async def exchange(
 
 def forwarded_body(body: Mapping[str, Any], meta: CallMeta, turn: int) -> dict[str, Any]:
     """The request as the engine gets it: session metadata in ``session_id`` and
-    ``vllm_xargs`` (0/1 ints: vLLM's extra_args take str / int / float), and an
-    explicit ``priority``: the client's, else 0 (vLLM 0.32 orders by it only under
-    ``--scheduling-policy priority``; the plugin orders calls by the policy itself).
+    ``vllm_xargs`` (the call id always, the hints the client gave, 0/1 ints: vLLM's
+    extra_args take str / int / float), and an explicit ``priority``: the client's,
+    else 0 (vLLM 0.32 orders by it only under ``--scheduling-policy priority``; the
+    plugin orders calls by the policy itself).
 
     A call that named no session goes on naming none: its one-call session ends with
-    it, and a session id would let the plugin pin KV that no next call will use."""
+    it, and a session id would let the plugin pin KV that no next call will use.
+    ``program_id`` is dropped: it is not an OpenAI field (an engine may refuse it) and
+    the session it named travels as ``session_id``."""
     xargs = {
         **(body.get("vllm_xargs") or {}),
+        **meta.hints(),
+        "call_id": meta.call_id,
         "turn": turn,
         "follows_tool": int(meta.follows_tool),
         "expects_tool": int(meta.expects_tool),
     }
-    forwarded = {**body, "vllm_xargs": xargs, "priority": body.get("priority", 0)}
+    forwarded = {k: v for k, v in body.items() if k != "program_id"}
+    forwarded.update(vllm_xargs=xargs, priority=body.get("priority", 0))
     if not meta.ephemeral:
         xargs["session_id"] = forwarded["session_id"] = meta.session_id
     return forwarded
@@ -230,44 +230,6 @@ def forwarded_headers(request: Request, meta: CallMeta) -> dict[str, str]:
     if not meta.ephemeral:  # see forwarded_body
         headers[SESSION_HEADER] = meta.session_id
     return headers
-
-
-class ClientWatch:
-    """Notices the client disconnecting while the gateway waits on its behalf: one
-    reader of the request's ASGI channel (after the body was read) for the whole
-    request, ended by leaving the ``with`` block, before any response is sent (a
-    streaming response reads the channel itself)."""
-
-    def __init__(self, request: Request) -> None:
-        self._request = request
-        self._gone: asyncio.Future[None] | None = None
-
-    def __enter__(self) -> ClientWatch:
-        self._gone = asyncio.ensure_future(self._disconnected())
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._gone is not None:
-            self._gone.cancel()
-
-    async def _disconnected(self) -> None:
-        while (await self._request.receive())["type"] != "http.disconnect":
-            pass
-
-    async def unless_gone(self, work: Awaitable[T]) -> T:
-        """Await ``work`` unless the client disconnects first (then ``ClientGone``,
-        with ``work`` cancelled)."""
-        assert self._gone is not None, "ClientWatch is used inside its with block"
-        task = asyncio.ensure_future(work)
-        either: set[asyncio.Future[Any]] = {task, self._gone}
-        try:
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not task.done():
-                task.cancel()
-        if task.done() and not task.cancelled():
-            return task.result()
-        raise ClientGone()
 
 
 def upstream_error(answer: Answer) -> JSONResponse:
@@ -342,16 +304,3 @@ def finish(response: aiohttp.ClientResponse, *, complete: bool) -> None:
         response.release()
     else:
         response.close()
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """A ``StreamingResponse`` that always closes its body iterator, so a client that
-    disconnects between chunks still ends the relay (and the engine's request) now."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()

@@ -7,15 +7,11 @@ import bisect
 from collections import defaultdict
 from collections.abc import Sequence
 
-from agentmars.sdk.events import Event, SessionEnd
-from agentmars.server.policies.interface import (
-    CallView,
-    EngineView,
-    KVDecision,
-    Policy,
-    SortKey,
-)
+from agentmars.sdk.events import AnyEvent, SessionEnd
+from agentmars.server.policies.capabilities import Capability
+from agentmars.server.policies.interface import EngineHalf, KVDecision, Policy, SortKey
 from agentmars.server.policies.registry import register
+from agentmars.server.policies.views import CallView, EngineView
 
 BOUNDARIES_S = (0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
 """Where the queues meet: queue i (0-based) holds the attained service in
@@ -42,8 +38,6 @@ class Autellix(Policy):
 
     name = "autellix"
     variant = "Autellix paper, PLAS with K queues and anti-starvation (third-party parameters)"
-    preempt_by_swap = True
-    needs_cpu_tier = True
 
     def __init__(self, boundaries_s: Sequence[float] = BOUNDARIES_S, beta: float = BETA) -> None:
         if list(boundaries_s) != sorted(boundaries_s) or any(b <= 0 for b in boundaries_s):
@@ -52,13 +46,27 @@ class Autellix(Policy):
             raise ValueError("beta must be positive")
         self.boundaries_s = tuple(boundaries_s)
         self.beta = beta
-        self._service: dict[str, float] = defaultdict(float)
-        self._wait: dict[str, float] = defaultdict(float)
 
     def settings(self) -> dict[str, object]:
         return {"boundaries_s": list(self.boundaries_s), "beta": self.beta}
 
-    def on_event(self, event: Event) -> None:
+    def engine(self) -> AutellixEngine:
+        return AutellixEngine(self.boundaries_s, self.beta)
+
+
+class AutellixEngine(EngineHalf):
+    """PLAS inside the engine (``Autellix``'s docstring)."""
+
+    needs = frozenset({Capability.CPU_TIER})
+    preempt_by_swap = True
+
+    def __init__(self, boundaries_s: tuple[float, ...], beta: float) -> None:
+        self.boundaries_s = boundaries_s
+        self.beta = beta
+        self._service: dict[str, float] = defaultdict(float)
+        self._wait: dict[str, float] = defaultdict(float)
+
+    def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, SessionEnd):
             self._service.pop(event.session_id, None)
             self._wait.pop(event.session_id, None)

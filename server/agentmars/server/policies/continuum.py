@@ -11,54 +11,39 @@ from statistics import fmean
 import numpy as np
 
 from agentmars.sdk.events import (
+    AnyEvent,
     CallEvent,
-    Event,
     LLMEnd,
     LLMFirstToken,
     LLMSubmit,
     SessionEnd,
     ToolEnd,
 )
+from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.interface import (
-    CallView,
-    EngineView,
+    EngineHalf,
     KVDecision,
     Pin,
-    PinView,
     Policy,
     Release,
     SortKey,
 )
 from agentmars.server.policies.registry import register
+from agentmars.server.policies.views import CallView, EngineView, PinView
 
 
-@register
-class Continuum(Policy):
-    """Continuum with a fixed TTL: the released code (vllm-continuum), seed 000's
-    "Continuum".
+class ContinuumEngine(EngineHalf):
+    """Continuum inside the engine (``Continuum``'s docstring); Continuum has no
+    admission control of its own."""
 
-    A call that ends in a tool call pins its session's KV for ``ttl_s`` when that tool's
-    mean past duration is at most ``ttl_s`` (unknown tools included), and not at all
-    otherwise. Waiting calls of pinned sessions go first, then program-level FCFS (by
-    the session's arrival). The preemption victim is the running call whose session
-    arrived last and is not on its last step; pins are dropped latest session first.
-    Pins also go when the session's next call is admitted, at expiry unless that call
-    already waits, and when the session ends (the engine's part)."""
-
-    name = "continuum"
-    variant = "vllm-continuum released code: fixed TTL 2.0 s for tools with mean duration <= 2.0 s"
+    needs = frozenset({Capability.TOOL_FIGURES})
     priority_reads_pins_only = True
 
-    def __init__(self, ttl_s: float = 2.0) -> None:
-        if ttl_s <= 0:
-            raise ValueError("ttl_s must be positive")
+    def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
         self._durations: dict[str, list[float]] = defaultdict(list)
 
-    def settings(self) -> dict[str, float]:
-        return {"ttl_s": self.ttl_s}
-
-    def on_event(self, event: Event) -> None:
+    def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, ToolEnd):
             self._durations[event.tool].append(event.duration_s)
 
@@ -88,6 +73,34 @@ class Continuum(Policy):
         return sorted(pins, key=lambda pin: pin.session_arrival_s, reverse=True)
 
 
+@register
+class Continuum(Policy):
+    """Continuum with a fixed TTL: the released code (vllm-continuum), seed 000's
+    "Continuum".
+
+    A call that ends in a tool call pins its session's KV for ``ttl_s`` when that tool's
+    mean past duration is at most ``ttl_s`` (unknown tools included), and not at all
+    otherwise. Waiting calls of pinned sessions go first, then program-level FCFS (by
+    the session's arrival). The preemption victim is the running call whose session
+    arrived last and is not on its last step; pins are dropped latest session first.
+    Pins also go when the session's next call is admitted, at expiry unless that call
+    already waits, and when the session ends (the engine's part)."""
+
+    name = "continuum"
+    variant = "vllm-continuum released code: fixed TTL 2.0 s for tools with mean duration <= 2.0 s"
+
+    def __init__(self, ttl_s: float = 2.0) -> None:
+        if ttl_s <= 0:
+            raise ValueError("ttl_s must be positive")
+        self.ttl_s = ttl_s
+
+    def settings(self) -> dict[str, float]:
+        return {"ttl_s": self.ttl_s}
+
+    def engine(self) -> ContinuumEngine:
+        return ContinuumEngine(self.ttl_s)
+
+
 DEFAULT_SAMPLES = 100
 """Samples before the dynamic TTL replaces the fixed one, overall and per tool (paper)."""
 DELAY_WINDOW = 100
@@ -98,27 +111,13 @@ prompt hit the cache (ours: the paper does not say how it tells). Its queueing d
 taken as its time to first token (ours: the stream has no separate queueing time)."""
 
 
-@register
-class ContinuumDynamic(Continuum):
-    """Continuum with the paper's dynamic TTL: seed 000's "Continuum-Dy".
+class ContinuumDynamicEngine(ContinuumEngine):
+    """Continuum-Dy inside the engine (``ContinuumDynamic``'s docstring)."""
 
-    tau* = argmax over candidate tau of P(d <= tau) * (T * eta + PrefillReload(context))
-    - tau, where P is the empirical CDF of the tool's past durations (the CDF over all
-    tools until that tool has ``min_samples`` samples; the fixed TTL until
-    ``min_samples`` samples overall), T the sliding mean queueing delay of calls whose
-    KV was evicted, eta = -Corr(k, N - k) over the turns of finished sessions (k: turn
-    index, N: the session's turns; 1 until two sessions have finished), and
-    PrefillReload the engine's own prefill-time estimate for the context (where the
-    paper fits a quadratic to observed prefill times: the estimate is that fit's
-    target). Candidates: 0 and every past duration. tau* = 0 means no pin."""
+    needs = frozenset({Capability.TOOL_FIGURES, Capability.COSTS})
 
-    name = "continuum-dy"
-    variant = "Continuum paper: dynamic TTL from the tool-duration CDF (Continuum-Dy)"
-
-    def __init__(self, ttl_s: float = 2.0, min_samples: int = DEFAULT_SAMPLES) -> None:
+    def __init__(self, ttl_s: float, min_samples: int) -> None:
         super().__init__(ttl_s)
-        if min_samples < 1:
-            raise ValueError("min_samples must be at least 1")
         self.min_samples = min_samples
         self._all: list[float] = []
         self._by_tool_sorted: dict[str, list[float]] = defaultdict(list)
@@ -129,10 +128,7 @@ class ContinuumDynamic(Continuum):
         self._ttft: dict[tuple[str, str], float] = {}
         self._turn_pairs: list[tuple[int, int]] = []
 
-    def settings(self) -> dict[str, float]:
-        return {"ttl_s": self.ttl_s, "min_samples": self.min_samples}
-
-    def on_event(self, event: Event) -> None:
+    def on_event(self, event: AnyEvent) -> None:
         super().on_event(event)
         if isinstance(event, ToolEnd):
             bisect.insort(self._all, event.duration_s)
@@ -176,6 +172,36 @@ class ContinuumDynamic(Continuum):
         if k.std() == 0 or rest.std() == 0:
             return 1.0
         return float(-np.corrcoef(k, rest)[0, 1])
+
+
+@register
+class ContinuumDynamic(Continuum):
+    """Continuum with the paper's dynamic TTL: seed 000's "Continuum-Dy".
+
+    tau* = argmax over candidate tau of P(d <= tau) * (T * eta + PrefillReload(context))
+    - tau, where P is the empirical CDF of the tool's past durations (the CDF over all
+    tools until that tool has ``min_samples`` samples; the fixed TTL until
+    ``min_samples`` samples overall), T the sliding mean queueing delay of calls whose
+    KV was evicted, eta = -Corr(k, N - k) over the turns of finished sessions (k: turn
+    index, N: the session's turns; 1 until two sessions have finished), and
+    PrefillReload the engine's own prefill-time estimate for the context (where the
+    paper fits a quadratic to observed prefill times: the estimate is that fit's
+    target). Candidates: 0 and every past duration. tau* = 0 means no pin."""
+
+    name = "continuum-dy"
+    variant = "Continuum paper: dynamic TTL from the tool-duration CDF (Continuum-Dy)"
+
+    def __init__(self, ttl_s: float = 2.0, min_samples: int = DEFAULT_SAMPLES) -> None:
+        super().__init__(ttl_s)
+        if min_samples < 1:
+            raise ValueError("min_samples must be at least 1")
+        self.min_samples = min_samples
+
+    def settings(self) -> dict[str, float]:
+        return {"ttl_s": self.ttl_s, "min_samples": self.min_samples}
+
+    def engine(self) -> ContinuumDynamicEngine:
+        return ContinuumDynamicEngine(self.ttl_s, self.min_samples)
 
 
 def _call_key(event: CallEvent) -> tuple[str, str]:

@@ -7,19 +7,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentmars.sdk.events import Event, SessionEnd
+from agentmars.sdk.events import AnyEvent, SessionEnd
+from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.interface import (
-    CallView,
-    EngineView,
+    EngineHalf,
     KVDecision,
     Pin,
-    PinView,
     Policy,
     Release,
     SessionAction,
     SortKey,
 )
 from agentmars.server.policies.registry import register
+from agentmars.server.policies.views import CallView, EngineView, PinView
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +60,22 @@ class InferCept(Policy):
 
     name = "infercept"
     variant = "WukLab/InferCept released code: waste equations with oracle tool durations"
+
+    def engine(self) -> InferCeptEngine:
+        return InferCeptEngine()
+
+
+class InferCeptEngine(EngineHalf):
+    """InferCept inside the engine (``InferCept``'s docstring); the tool durations
+    are the client's ``expected_tool_s`` (the simulator's oracle)."""
+
+    needs = frozenset({Capability.COSTS, Capability.CPU_TIER, Capability.TICK})
     tick_interval_s = 0.0
-    needs_cpu_tier = True
 
     def __init__(self) -> None:
         self._tool_ends: dict[str, float] = {}
 
-    def on_event(self, event: Event) -> None:
+    def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, SessionEnd):
             self._tool_ends.pop(event.session_id, None)
 

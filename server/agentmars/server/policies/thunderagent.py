@@ -5,17 +5,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentmars.sdk.events import Event, SessionEnd, ToolEnd, ToolStart
+from agentmars.sdk.events import (
+    AnyEvent,
+    KVStats,
+    SessionEnd,
+    SessionPause,
+    SessionResume,
+    ToolEnd,
+    ToolStart,
+)
+from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.interface import (
-    CallView,
-    EngineView,
+    AdmissionHalf,
+    EngineHalf,
     KVDecision,
     Pin,
     Policy,
     SessionAction,
-    SessionView,
 )
 from agentmars.server.policies.registry import register
+from agentmars.server.policies.views import AdmissionView, CallView, EngineView, SessionView
 
 CHECK_INTERVAL_S = 5.0
 """How often thrashing is checked (the paper's 5 s)."""
@@ -29,11 +38,16 @@ class ThunderAgent(Policy):
     the engine (Reasoning). Every ``check_interval_s`` it checks for thrashing: the KV
     capacity is less than the contexts of the Reasoning programs plus those of the
     Acting ones. Then it pauses programs until the rest fits, Acting before Reasoning,
-    shortest context first (a paused program loses its KV and its calls wait at the
-    gateway). When there is room again it restores paused programs, Reasoning first
-    (those whose tool has finished), shortest first. New programs wait while any program
-    is paused or their prompt does not fit in what is left. One engine, so the
-    best-fit-decreasing placement across replicas reduces to that fit check."""
+    shortest context first (a paused program loses its KV and its calls wait). When
+    there is room again it restores paused programs, Reasoning first (those whose tool
+    has finished), shortest first. New programs wait while any program is paused or
+    their prompt does not fit in what is left. One engine, so the best-fit-decreasing
+    placement across replicas reduces to that fit check.
+
+    The two halves: the engine half pauses and restores (it sees the contexts) and the
+    engine publishes each pause and resume; the admission half holds new programs while
+    the stream says a program is paused, and fits their prompts into the free KV of
+    the newest ``kv_stats`` figures, less the prompts admitted since those figures."""
 
     name = "thunderagent"
     variant = "ThunderAgent paper as described by seed 003 (TA), one replica"
@@ -41,49 +55,81 @@ class ThunderAgent(Policy):
     def __init__(self, check_interval_s: float = CHECK_INTERVAL_S) -> None:
         if check_interval_s <= 0:
             raise ValueError("check_interval_s must be positive")
+        self.check_interval_s = check_interval_s
+
+    def settings(self) -> dict[str, float]:
+        return {"check_interval_s": self.check_interval_s}
+
+    def admission(self) -> ThunderAgentAdmission:
+        return ThunderAgentAdmission()
+
+    def engine(self) -> ThunderAgentEngine:
+        return ThunderAgentEngine(self.check_interval_s)
+
+
+class ThunderAgentAdmission(AdmissionHalf):
+    """Holds new programs while any is paused or their prompt does not fit."""
+
+    needs = frozenset({Capability.KV_FIGURES})
+
+    def __init__(self) -> None:
+        self._paused: set[str] = set()
+        self._admitted_since_figures = 0
+        """Prompt tokens admitted since the newest KV figures (they do not show yet)."""
+
+    def on_event(self, event: AnyEvent) -> None:
+        if isinstance(event, SessionPause):
+            self._paused.add(event.session_id)
+        elif isinstance(event, SessionResume | SessionEnd):
+            self._paused.discard(event.session_id)
+        elif isinstance(event, KVStats):
+            self._admitted_since_figures = 0
+
+    def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:
+        if self._paused or view.kv is None:
+            return ()
+        room = view.kv.free_blocks * view.block_size - self._admitted_since_figures
+        admitted = []
+        for session in queue:
+            if session.prompt_tokens > room:
+                break
+            room -= session.prompt_tokens
+            self._admitted_since_figures += session.prompt_tokens
+            admitted.append(session)
+        return admitted
+
+
+class ThunderAgentEngine(EngineHalf):
+    """Pins every program's KV, pauses on thrashing and restores when there is room."""
+
+    needs = frozenset({Capability.TICK, Capability.PAUSE, Capability.TOOL_FIGURES})
+
+    def __init__(self, check_interval_s: float) -> None:
         self.tick_interval_s = check_interval_s
         self._paused: dict[str, int] = {}
         """Paused programs and their context when paused."""
         self._acting: set[str] = set()
         """Programs running a tool."""
 
-    def settings(self) -> dict[str, float]:
-        return {"check_interval_s": float(self.tick_interval_s or 0.0)}
-
-    def on_event(self, event: Event) -> None:
+    def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, ToolStart):
             self._acting.add(event.session_id)
         elif isinstance(event, ToolEnd):
             self._acting.discard(event.session_id)
         elif isinstance(event, SessionEnd):
             self._paused.pop(event.session_id, None)
+            self._acting.discard(event.session_id)
 
     def on_call_finished(self, call: CallView, view: EngineView) -> KVDecision:
         return Pin()
 
-    def admit(self, queue: Sequence[SessionView], view: EngineView) -> Sequence[SessionView]:
-        if self._paused:
-            return ()
-        room = self._capacity(view) - sum(self._contexts(view).values())
-        admitted = []
-        for session in queue:
-            if session.prompt_tokens > room:
-                break
-            room -= session.prompt_tokens
-            admitted.append(session)
-        return admitted
-
     def tick(self, view: EngineView) -> Sequence[SessionAction]:
         contexts = self._contexts(view)
         usage = sum(contexts.values())
-        capacity = self._capacity(view)
+        capacity = view.total_blocks * view.block_size
         if usage > capacity:
-            return self._pause(contexts, usage - capacity, view)
-        return self._restore(capacity - usage, view)
-
-    @staticmethod
-    def _capacity(view: EngineView) -> int:
-        return view.total_blocks * view.block_size
+            return self._pause(contexts, usage - capacity)
+        return self._restore(capacity - usage)
 
     def _contexts(self, view: EngineView) -> dict[str, int]:
         """Context of every running (Reasoning) and pinned (Acting) program."""
@@ -92,9 +138,7 @@ class ThunderAgent(Policy):
             contexts[call.session_id] = call.num_tokens
         return contexts
 
-    def _pause(
-        self, contexts: dict[str, int], excess: int, view: EngineView
-    ) -> list[SessionAction]:
+    def _pause(self, contexts: dict[str, int], excess: int) -> list[SessionAction]:
         order = sorted(contexts, key=lambda sid: (sid not in self._acting, contexts[sid]))
         actions = []
         for session_id in order:
@@ -105,7 +149,7 @@ class ThunderAgent(Policy):
             actions.append(SessionAction("pause", session_id))
         return actions
 
-    def _restore(self, room: int, view: EngineView) -> list[SessionAction]:
+    def _restore(self, room: int) -> list[SessionAction]:
         order = sorted(self._paused, key=lambda sid: (sid in self._acting, self._paused[sid]))
         actions = []
         for session_id in order:
@@ -126,5 +170,11 @@ class ThunderAgentOffload(ThunderAgent):
 
     name = "thunderagent-cpu"
     variant = "seed 003's TA+O: ThunderAgent plus an LRU CPU tier"
-    needs_cpu_tier = True
+
+    def engine(self) -> ThunderAgentEngine:
+        return ThunderAgentOffloadEngine(self.check_interval_s)
+
+
+class ThunderAgentOffloadEngine(ThunderAgentEngine):
+    needs = ThunderAgentEngine.needs | {Capability.CPU_TIER}
     offload_evicted = True

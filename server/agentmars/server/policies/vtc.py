@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from agentmars.sdk.events import Event, LLMEnd, SessionEnd
-from agentmars.server.policies.interface import CallView, EngineView, Policy, SortKey
+from agentmars.sdk.events import AnyEvent, LLMEnd, SessionEnd
+from agentmars.server.policies.interface import EngineHalf, Policy, SortKey
 from agentmars.server.policies.registry import register
+from agentmars.server.policies.views import CallView, EngineView
 
 
 @register
@@ -34,16 +35,27 @@ class VTC(Policy):
             raise ValueError("weights must be non-negative")
         self.w_prompt = w_prompt
         self.w_output = w_output
+
+    def settings(self) -> dict[str, float]:
+        return {"w_prompt": self.w_prompt, "w_output": self.w_output}
+
+    def engine(self) -> VTCEngine:
+        return VTCEngine(self.w_prompt, self.w_output)
+
+
+class VTCEngine(EngineHalf):
+    """VTC's counters and order inside the engine (``VTC``'s docstring)."""
+
+    def __init__(self, w_prompt: float, w_output: float) -> None:
+        self.w_prompt = w_prompt
+        self.w_output = w_output
         self.counters: dict[str, float] = defaultdict(float)
         self._charged: dict[tuple[str, str], int] = {}
         """Calls charged so far: (session id, call id) -> output tokens charged."""
         self._backlogged: set[str] = set()
         self._updated_at: float | None = None
 
-    def settings(self) -> dict[str, float]:
-        return {"w_prompt": self.w_prompt, "w_output": self.w_output}
-
-    def on_event(self, event: Event) -> None:
+    def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, LLMEnd):
             self._charge_end(event)
         elif isinstance(event, SessionEnd):

@@ -13,9 +13,17 @@ call has produced its tokens, the policy decides what happens to its KV, and the
 session runs its tool on the host CPUs (``sim.host_cpu``); when the tool ends, the
 next turn's call is sent. The session ends with its last call.
 
-Every boundary is also an event of the unified information stream
-(``agentmars.sdk.events``, source ``sim``, times in virtual nanoseconds) handed to the
-policy, as the gateway hands the real ones.
+The policy runs in its two halves as on the real stack (docs/policies.md): the
+admission half decides at the simulated gateway from what the stream tells it, with
+the engine's KV figures sampled every ``kv_stats_interval_s`` (``kv_stats`` events, as
+the vLLM plugin publishes them), and the engine half decides inside the engine. Every
+boundary is an event of the unified information stream (``agentmars.sdk.events``,
+source ``sim``, times in virtual nanoseconds) handed to both halves, the same kinds
+the real stack emits (session, LLM and tool boundaries, ``tool_stats``, ``kv_stats``,
+``session_pause`` / ``session_resume``), and so are the events either half publishes
+(e.g. ``window_update``). They arrive at the instant they are made: the real stack's
+few milliseconds of side-channel delay are not modelled, except for the KV figures'
+sampling.
 
 Decode-only stretches are simulated in one jump: while no call waits, no prompt is
 being computed and no event falls inside, the steps until the first call finishes (or
@@ -28,20 +36,25 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
 from agentmars.sdk.events import (
-    Event,
+    AnyEvent,
+    KVStats,
     LLMEnd,
     LLMFirstToken,
     LLMSubmit,
     SessionEnd,
+    SessionPause,
+    SessionResume,
     SessionStart,
     ToolEnd,
+    ToolEnqueue,
     ToolStart,
+    ToolStats,
 )
 from agentmars.server.metrics.records import (
     CallRecord,
@@ -50,11 +63,11 @@ from agentmars.server.metrics.records import (
     SessionRecord,
     ToolRecord,
 )
-from agentmars.server.policies.interface import (
-    Policy,
-    SessionAction,
-)
-from agentmars.server.sim.cost_model import CostModel, Profile
+from agentmars.server.policies.admission_view import StreamAdmissionView
+from agentmars.server.policies.capabilities import Capability, PolicyRefused, refuse_unless
+from agentmars.server.policies.interface import Policy, SessionAction
+from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
+from agentmars.server.profiles.cost_model import CostModel, Profile
 from agentmars.server.sim.engine_view import KVEngineView
 from agentmars.server.sim.entities import Call, Session
 from agentmars.server.sim.entities import Pin as PinEntity
@@ -62,9 +75,6 @@ from agentmars.server.sim.host_cpu import HostCPU
 from agentmars.server.sim.kv_cache import KVCache
 from agentmars.server.sim.scheduler import Scheduler, Step
 from agentmars.server.workloads.model import SessionSpec, Workload
-
-TOOL_EMA_ALPHA = 0.2
-"""Weight of the newest duration in the per-kind tool EMA (ours; as the sandbox pool)."""
 
 
 class SimError(ValueError):
@@ -89,6 +99,10 @@ class SimConfig:
     """Take decode-only stretches in one jump (off: step by step). Same results, except
     that a jump's blocks are taken, and evictions dated, at its start."""
     kv_sample_interval_s: float = 1.0
+    """How often the run's record samples the KV cache."""
+    kv_stats_interval_s: float = 0.1
+    """How often the engine's ``kv_stats`` reach the admission half (the vLLM plugin's
+    side channel publishes at 10 Hz)."""
     max_virtual_s: float = 30 * 24 * 3600.0
     """Stop with an error past this virtual time (a policy that never finishes)."""
 
@@ -100,6 +114,8 @@ class _Rank(IntEnum):
     SESSION_ARRIVAL = 3
     PIN_EXPIRY = 4
     TICK = 5
+    KV_STATS = 6
+    ADMISSION_PASS = 7
     STEP_START = 9
 
 
@@ -112,8 +128,8 @@ class _Event:
     arg: Any = field(compare=False, default=None)
 
 
-class SimEngine(KVEngineView):
-    """Runs one workload under one policy; it is also the policy's ``EngineView``."""
+class SimEngine(KVEngineView, FollowsTools):
+    """Runs one workload under one policy; it is also the engine half's ``EngineView``."""
 
     def __init__(
         self,
@@ -130,11 +146,19 @@ class SimEngine(KVEngineView):
         self.config = config or SimConfig()
         self.cost = CostModel(profile)
         self._on_progress = on_progress
-        cpu_tier = (
-            self.config.cpu_tier if self.config.cpu_tier is not None else policy.needs_cpu_tier
-        )
-        if policy.needs_cpu_tier and not cpu_tier:
-            raise SimError(f"policy {policy.name!r} needs the CPU KV tier")
+        self.now = 0.0
+        self.admission = policy.admission()
+        self.engine_half = engine_half = policy.engine()
+        cpu_tier = self.config.cpu_tier
+        if cpu_tier is None:
+            cpu_tier = Capability.CPU_TIER in engine_half.needs
+        provides = set(Capability) - (set() if cpu_tier else {Capability.CPU_TIER})
+        try:
+            refuse_unless(policy.name, engine_half.needs, provides, "the simulated engine")
+            refuse_unless(policy.name, self.admission.needs, provides, "the simulated gateway")
+        except PolicyRefused as error:
+            raise SimError(str(error)) from None
+        self.admission.publish = engine_half.publish = self._emit
         num_blocks = self.config.num_gpu_blocks or profile.num_gpu_blocks
         self._check_fits(workload, min(profile.max_model_len, num_blocks * profile.block_size))
         self.kv = KVCache(
@@ -142,19 +166,25 @@ class SimEngine(KVEngineView):
             profile.block_size,
             profile.cpu_kv_blocks if cpu_tier else 0,
             self._count_eviction,
-            offload_evicted=policy.offload_evicted,
+            offload_evicted=engine_half.offload_evicted,
         )
         self.host = HostCPU(self.config.tool_cores, self.config.tool_slots)
+        self.tools = ToolActivity()
+        self.admission_view = StreamAdmissionView(
+            clock=lambda: self.now,
+            block_size=profile.block_size,
+            tool_cores=self.config.tool_cores,
+            active_sessions=lambda: len(self._sessions),
+        )
         self.scheduler = Scheduler(
             self.kv,
-            policy,
+            engine_half,
             self,
             max_num_seqs=self.config.max_num_seqs or profile.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens
             or profile.max_num_batched_tokens,
             load_done_at=self._load_done_at,
         )
-        self.now = 0.0
         self._heap: list[_Event] = []
         self._seq = itertools.count()
         self._call_ids = itertools.count()
@@ -165,7 +195,9 @@ class SimEngine(KVEngineView):
         self._pending_specs = list(workload.sessions)
         self._tools: dict[str, tuple[Session, ToolRecord]] = {}
         self._tool_version = 0
-        self._tool_ema: dict[str, float] = {}
+        self._kv_published: tuple[int, int, int] | None = None
+        self._kv_stats_pending = False
+        self._pass_pending = False
         self._channel_free_s = 0.0
         self._pinned_since = 0.0
         self._next_sample_s = 0.0
@@ -200,28 +232,17 @@ class SimEngine(KVEngineView):
         return len(self._sessions)
 
     @property
-    def active_tools(self) -> int:
-        return self.host.active
-
-    @property
-    def queued_tools(self) -> int:
-        return self.host.queued
-
-    @property
     def tool_cores(self) -> int:
         return self.host.cores
-
-    @property
-    def tool_ema_s(self) -> Mapping[str, float]:
-        return self._tool_ema
 
     # --- the event loop ------------------------------------------------------------------
 
     def run(self) -> RunRecord:
         """Simulate until every session has ended; return what happened."""
         self._schedule_arrivals()
-        if self.policy.tick_interval_s:
-            self._push(self.policy.tick_interval_s, _Rank.TICK, self._on_tick)
+        self._publish_kv_stats(None)
+        if self.engine_half.tick_interval_s:
+            self._push(self.engine_half.tick_interval_s, _Rank.TICK, self._on_tick)
         while self._heap:
             event = heapq.heappop(self._heap)
             if event.time > self.config.max_virtual_s:
@@ -230,6 +251,7 @@ class SimEngine(KVEngineView):
                 )
             self._advance_to(event.time)
             event.handler(event.arg)
+            self._plan_kv_stats()
         self._finish_record()
         return self.record
 
@@ -243,8 +265,12 @@ class SimEngine(KVEngineView):
         self._pinned_since = time
         self.now = time
 
-    def _emit(self, event: Event) -> None:
-        self.policy.on_event(event)
+    def _emit(self, event: AnyEvent) -> None:
+        """Hand an event of the stream to both halves (and to what the views follow)."""
+        self.tools.observe(event)
+        self.admission_view.observe(event)
+        self.engine_half.on_event(event)
+        self.admission.on_event(event)
 
     def _stamp(self) -> dict[str, Any]:
         ns = round(self.now * 1e9)
@@ -274,7 +300,7 @@ class SimEngine(KVEngineView):
     def _admit_sessions(self) -> None:
         if not self._gateway:
             return
-        for session in list(self.policy.admit(self._gateway, self)):
+        for session in list(self.admission.admit(self._gateway, self.admission_view)):
             assert isinstance(session, Session)
             self._gateway.remove(session)
             self._sessions[session.session_id] = session
@@ -283,6 +309,7 @@ class SimEngine(KVEngineView):
                 SessionStart(session_id=session.session_id, agent=session.agent, **self._stamp())
             )
             self._send_call(session)
+        self._plan_admission_pass()
 
     def _send_call(self, session: Session) -> None:
         spec = session.spec
@@ -359,8 +386,8 @@ class SimEngine(KVEngineView):
 
     def _on_step_start(self, _: None) -> None:
         self._start_pending = False
-        if self.policy.tick_interval_s == 0:
-            self._apply(self.policy.tick(self))
+        if self.engine_half.tick_interval_s == 0:
+            self._apply(self.engine_half.tick(self))
         jump = self._decode_jump()
         if jump is not None:
             self._stepping = True
@@ -492,7 +519,7 @@ class SimEngine(KVEngineView):
         call.record.output_tokens = call.output_tokens
         session.record.calls.append(call.record)
         last = session.turn == len(session.spec.turns) - 1
-        decision = self.policy.on_call_finished(call, self) if not last else None
+        decision = self.engine_half.on_call_finished(call, self) if not last else None
         freed = len(call.blocks)
         pin = self.keep_or_free(call, decision, self.now)
         if pin is not None:
@@ -524,10 +551,35 @@ class SimEngine(KVEngineView):
         record = ToolRecord(session.turn, tool.kind, self.now, self.now, self.now)
         session.record.tools.append(record)
         self._tools[session.session_id] = (session, record)
+        self._emit(
+            ToolEnqueue(
+                session_id=session.session_id,
+                call_id=self._tool_call_id(session),
+                turn=session.turn,
+                tool=tool.kind,
+                **self._stamp(),
+            )
+        )
         self.host.advance(self.now)
         if self.host.submit(session.session_id, tool):
             self._tool_started(session.session_id)
+        self._emit_tool_stats()
         self._plan_tool_finish()
+
+    @staticmethod
+    def _tool_call_id(session: Session) -> str:
+        return f"{session.session_id}/{session.turn}/tool"
+
+    def _emit_tool_stats(self) -> None:
+        """The host's tool pressure, as the sandbox pool reports it after each change."""
+        self._emit(
+            ToolStats(
+                active=self.host.active,
+                queued=self.host.queued,
+                exec_ema_s=dict(self.tools.tool_ema_s),
+                **self._stamp(),
+            )
+        )
 
     def _tool_started(self, key: str) -> None:
         session, record = self._tools[key]
@@ -535,7 +587,7 @@ class SimEngine(KVEngineView):
         self._emit(
             ToolStart(
                 session_id=key,
-                call_id=f"{key}/{session.turn}/tool",
+                call_id=self._tool_call_id(session),
                 turn=session.turn,
                 tool=record.kind,
                 queue_wait_s=record.queue_s,
@@ -561,20 +613,17 @@ class SimEngine(KVEngineView):
         session, record = self._tools.pop(key)
         record.end_s = self.now
         duration = record.end_s - record.start_s
-        ema = self._tool_ema.get(record.kind)
-        self._tool_ema[record.kind] = (
-            duration if ema is None else ema + TOOL_EMA_ALPHA * (duration - ema)
-        )
         self._emit(
             ToolEnd(
                 session_id=key,
-                call_id=f"{key}/{session.turn}/tool",
+                call_id=self._tool_call_id(session),
                 turn=session.turn,
                 tool=record.kind,
                 duration_s=duration,
                 **self._stamp(),
             )
         )
+        self._emit_tool_stats()
         self._plan_tool_finish()
         session.turn += 1
         self._send_call(session)
@@ -587,8 +636,8 @@ class SimEngine(KVEngineView):
         self.kv.unpin(pin.session_id)
 
     def _on_tick(self, _: None) -> None:
-        self._apply(self.policy.tick(self))
-        interval = self.policy.tick_interval_s
+        self._apply(self.engine_half.tick(self))
+        interval = self.engine_half.tick_interval_s
         if interval and (self._sessions or self._gateway or self._heap):
             self._push(self.now + interval, _Rank.TICK, self._on_tick)
 
@@ -601,8 +650,10 @@ class SimEngine(KVEngineView):
                 self.drop_pin(session, offload=action.kind == "offload")
             elif action.kind == "pause":
                 self._pause(session)
+                self._emit(SessionPause(session_id=session.session_id, **self._stamp()))
             elif action.kind == "resume":
                 self._resume(session)
+                self._emit(SessionResume(session_id=session.session_id, **self._stamp()))
         self._admit_sessions()
 
     def _pause(self, session: Session) -> None:
@@ -635,6 +686,52 @@ class SimEngine(KVEngineView):
         """Loads from the CPU tier share one transfer channel, one after another."""
         self._channel_free_s = max(self._channel_free_s, self.now) + self.cost.transfer_time(blocks)
         return self._channel_free_s
+
+    # --- what the admission half hears of the engine --------------------------------------
+
+    def _kv_figures(self) -> tuple[int, int, int]:
+        return self.kv.pool.num_free, self.kv.pinned_blocks, self.cpu_free_blocks
+
+    def _plan_kv_stats(self) -> None:
+        """After a change of the KV figures, publish them at the next sampling instant
+        (a multiple of ``kv_stats_interval_s``, as a sampler at that rate would)."""
+        if self._kv_stats_pending or self._kv_figures() == self._kv_published:
+            return
+        interval = self.config.kv_stats_interval_s
+        due = max(self.now, (self.now // interval + 1) * interval)
+        self._kv_stats_pending = True
+        self._push(due, _Rank.KV_STATS, self._publish_kv_stats)
+
+    def _publish_kv_stats(self, _: None) -> None:
+        self._kv_stats_pending = False
+        self._kv_published = self._kv_figures()
+        pool = self.kv.pool
+        self._emit(
+            KVStats(
+                total_blocks=pool.num_blocks,
+                free_blocks=pool.num_free,
+                used_blocks=pool.num_blocks - pool.num_free,
+                pinned_blocks=self.kv.pinned_blocks,
+                pins=len(self.kv.pins),
+                cpu_total_blocks=self.cpu_total_blocks,
+                cpu_free_blocks=self.cpu_free_blocks,
+                steps=self.record.steps,
+                **self._stamp(),
+            )
+        )
+        self._admit_sessions()
+
+    def _plan_admission_pass(self) -> None:
+        """An admission half with a control period is asked again after it, while
+        sessions wait (the gateway's periodic pass)."""
+        interval = self.admission.control_interval_s
+        if interval and self._gateway and not self._pass_pending:
+            self._pass_pending = True
+            self._push(self.now + interval, _Rank.ADMISSION_PASS, self._on_admission_pass)
+
+    def _on_admission_pass(self, _: None) -> None:
+        self._pass_pending = False
+        self._admit_sessions()
 
     def _sample_kv(self) -> None:
         if self.now < self._next_sample_s:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentmars.server.policies.interface import CostEstimator, KVDecision, Offload, Pin
-from agentmars.server.sim.cost_model import CostModel
+from agentmars.server.policies.interface import KVDecision, Offload, Pin
+from agentmars.server.policies.views import CostEstimator
+from agentmars.server.profiles.cost_model import CostModel
 from agentmars.server.sim.entities import Call, Session
 from agentmars.server.sim.entities import Pin as PinEntity
 from agentmars.server.sim.kv_cache import KVCache

@@ -87,6 +87,10 @@ class Call:
         return self.session.agent
 
     @property
+    def task_id(self) -> str:
+        return self.session.spec.task_id or self.session.session_id
+
+    @property
     def num_tokens(self) -> int:
         return self.prompt_tokens + self.output_tokens
 

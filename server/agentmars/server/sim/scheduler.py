@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agentmars.server.policies.interface import EngineView, Policy
-from agentmars.server.sim.cost_model import StepShape, chunk_attention
+from agentmars.server.policies.interface import EngineHalf
+from agentmars.server.policies.views import EngineView
+from agentmars.server.profiles.cost_model import StepShape, chunk_attention
 from agentmars.server.sim.entities import Call
 from agentmars.server.sim.kv_cache import KVCache
 
@@ -48,7 +49,7 @@ class Scheduler:
     def __init__(
         self,
         kv: KVCache,
-        policy: Policy,
+        policy: EngineHalf,
         view: EngineView,
         *,
         max_num_seqs: int,

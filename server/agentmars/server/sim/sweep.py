@@ -23,7 +23,7 @@ from agentmars.server.metrics.records import RunRecord, SessionRecord
 from agentmars.server.metrics.results import RunResult, SweepResult
 from agentmars.server.metrics.summary import summarize
 from agentmars.server.policies.registry import UnknownPolicy, make_policy, policy_class
-from agentmars.server.sim.cost_model import Profile, load_profile
+from agentmars.server.profiles.cost_model import Profile, load_profile
 from agentmars.server.sim.engine import SimConfig, SimEngine, isolated_sessions
 from agentmars.server.workloads.files import load_workload
 from agentmars.server.workloads.model import Workload

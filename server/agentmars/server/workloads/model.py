@@ -70,6 +70,9 @@ class SessionSpec(_Frozen):
     """Tokens at the start of turn 0's append that every session of ``prefix_group``
     shares (a system prompt), so their KV can be reused across sessions."""
     prefix_group: Name | None = None
+    task_id: Name | None = None
+    """The agent instance the session belongs to (seed 004: the branches of one
+    task-parallel agent share it; None: the session is its own instance)."""
     turns: Annotated[tuple[TurnSpec, ...], Field(min_length=1)]
 
     @model_validator(mode="after")

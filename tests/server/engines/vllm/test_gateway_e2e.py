@@ -25,7 +25,6 @@ import pytest
 from fastapi import FastAPI
 
 from agentmars.sdk.events import AnyEvent, SessionEnd, ToolStart
-from agentmars.server.background import free_loopback_port, serve_in_thread
 from agentmars.server.engines.vllm.launch import (
     CPU_BLOCK_SIZE,
     SERVED_MODEL_NAME,
@@ -36,6 +35,7 @@ from agentmars.server.engines.vllm.smoke import model_vocab_size, random_prompt
 from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
 from agentmars.server.policies.interface import EngineView, Policy, SessionView
+from agentmars.server.web.serving import free_loopback_port, serve_in_thread
 from tests.server.engines.vllm.helpers import (
     PLUGIN,
     engine_metric,

@@ -1,30 +1,38 @@
-"""The plugin's KV figures out of the engine process: free, pinned and used blocks, the
-total and the number of pins, a few times a second, to a JSON file and/or a ZMQ PUB
-socket (vLLM's own ``SchedulerStats`` has fixed fields, so they need a side channel;
-notes/vllm-plugin.md "Telemetry").
+"""The plugin's outbound side channel: the KV figures out of the engine process, a
+``kv_stats`` event (free, pinned and used blocks, the total, the pins and their
+releases) a few times a second, to a JSON file and/or a ZMQ PUB socket (vLLM's own
+``SchedulerStats`` has fixed fields, so they need a side channel; notes/vllm-plugin.md
+"Telemetry"); and, on the same socket under ``EVENT_TOPIC``, the events the engine
+half publishes (``session_pause``...), for the gateway's admission half.
 
 A daemon thread samples and writes at a fixed rate, so the figures stay fresh while
 the engine is idle (vLLM does not call ``schedule()`` then). Sampling reads a few
-integers the scheduler thread updates; the GIL makes each read whole.
+integers the scheduler thread updates; the GIL makes each read whole. Events are
+queued by the scheduler's thread and sent by this one (a ZMQ socket belongs to one
+thread), which is woken for them.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentmars.sdk.events import AnyEvent, KVStats
+
 logger = logging.getLogger("vllm.agentmars.kv_status")
 
 ZMQ_TOPIC = b"agentmars.kv"
-"""The topic frame of each ZMQ message (the second frame is the JSON figures)."""
+"""The topic frame of the KV figures' messages (the second frame: a ``kv_stats`` event)."""
+EVENT_TOPIC = b"agentmars.event"
+"""The topic frame of the engine half's events (the second frame: the event's JSON)."""
 
-Snapshot = Callable[[], dict[str, Any]]
+Snapshot = Callable[[], KVStats]
 
 
 def bind_socket(kind: str, address: str) -> Any:
@@ -56,24 +64,42 @@ class KVStatusPublisher:
         # socket to another thread once).
         self._socket = bind_socket("PUB", address) if address else None
         self._interval_s = 1.0 / hz
+        self._events: queue.SimpleQueue[AnyEvent] = queue.SimpleQueue()
+        self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentmars-kv-status", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            while True:
-                self.publish_once()
-                if self._stopping.wait(self._interval_s):
-                    break
+            due = 0.0
+            while not self._stopping.is_set():
+                self._send_events()
+                if time.monotonic() >= due:
+                    self.publish_once()
+                    due = time.monotonic() + self._interval_s
+                self._wake.wait(max(due - time.monotonic(), 0.0))
+                self._wake.clear()
+            self._send_events()
             self.publish_once()
         finally:
             if self._socket is not None:
                 self._socket.close(linger=0)
 
+    def send_event(self, event: AnyEvent) -> None:
+        """Queue an event for the socket (any thread; dropped without a socket)."""
+        if self._socket is not None:
+            self._events.put(event)
+            self._wake.set()
+
+    def _send_events(self) -> None:
+        while not self._events.empty():
+            event = self._events.get_nowait()
+            assert self._socket is not None
+            self._socket.send_multipart([EVENT_TOPIC, event.to_json().encode()])
+
     def publish_once(self) -> None:
-        figures = {"time": time.time(), **self._snapshot()}
-        payload = json.dumps(figures)
+        payload = self._snapshot().to_json()
         if self._path is not None:
             try:
                 write_atomically(self._path, payload)
@@ -93,4 +119,5 @@ class KVStatusPublisher:
     def stop(self) -> None:
         """Publish the last figures and end the thread."""
         self._stopping.set()
+        self._wake.set()
         self._thread.join(timeout=5.0)

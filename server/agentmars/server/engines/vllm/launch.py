@@ -18,8 +18,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentmars.server.background import serve_in_subprocess
 from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
+from agentmars.server.web.serving import serve_in_subprocess
 
 #: The name clients pass as ``model``.
 SERVED_MODEL_NAME = "tiny-llama"

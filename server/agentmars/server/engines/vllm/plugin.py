@@ -5,7 +5,10 @@ notes/vllm-plugin.md). Load it with::
     --scheduler-cls agentmars.server.engines.vllm.plugin.AgentmarsScheduler       # CPU
     --scheduler-cls agentmars.server.engines.vllm.plugin.AgentmarsAsyncScheduler  # GPU
 
-and choose the policy with ``AGENTMARS_POLICY`` (``plugin_config``). What it changes:
+and choose the policy with ``AGENTMARS_POLICY`` (``plugin_config``); the plugin runs
+the policy's engine half (docs/policies.md) and refuses at start a policy whose engine
+half needs what the plugin does not provide (``PluginConfig.provides``). What it
+changes:
 
 - Waiting order: at the top of every ``schedule()`` the FCFS waiting queue is sorted by
   the policy's ``priority()`` (ties: arrival, then request id), so vLLM's own pass over
@@ -22,10 +25,11 @@ and choose the policy with ``AGENTMARS_POLICY`` (``plugin_config``). What it cha
   ``chunk``.
 - Preemption victim: the policy's ``victim`` is put where vLLM's FCFS preemption takes
   it (``preemption``).
-- The side channel to the gateway: KV figures (free, pinned, used, total blocks, pins,
-  releases, steps) published at 10 Hz (``kv_status``); the stream's events in
-  (``hints``), handed to the policy's ``on_event`` and to the view's tool figures at
-  the top of each ``schedule()``.
+- The side channel to the gateway: KV figures (a ``kv_stats`` event: free, pinned,
+  used, total blocks, pins, releases, steps) published at 10 Hz and the engine half's
+  own events as they come (``kv_status``); the stream's events in (``hints``), each
+  boundary once (``EventFeed``: calls carry the gateway's call id), handed to the
+  half's ``on_event`` and to the view's tool figures at the top of each ``schedule()``.
 
 docs/vllm-plugin.md says what each decision point sees and where it differs from the
 simulated engine.
@@ -58,12 +62,15 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy  # type: ignore[im
 from vllm.v1.core.sched.scheduler import Scheduler  # type: ignore[import-not-found]  # noqa: E402
 from vllm.v1.request import RequestStatus  # type: ignore[import-not-found]  # noqa: E402
 
+from agentmars.sdk.events import AnyEvent, KVStats  # noqa: E402
 from agentmars.server.engines.vllm.hints import HintInbox  # noqa: E402
 from agentmars.server.engines.vllm.kv_status import KVStatusPublisher  # noqa: E402
 from agentmars.server.engines.vllm.pins import PinTable  # noqa: E402
 from agentmars.server.engines.vllm.preemption import steer_victim  # noqa: E402
 from agentmars.server.engines.vllm.views import SchedulerView, SessionBook, session_of  # noqa: E402
-from agentmars.server.policies.interface import CallView, Pin, Policy  # noqa: E402
+from agentmars.server.policies.feed import EventFeed  # noqa: E402
+from agentmars.server.policies.interface import EngineHalf, Pin  # noqa: E402
+from agentmars.server.policies.views import CallView  # noqa: E402
 
 # A child of vLLM's logger, so the plugin's lines go where vLLM's go.
 logger = logging.getLogger("vllm.agentmars.plugin")
@@ -93,10 +100,13 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
                 f"--scheduling-policy fcfs (the default), not {self.policy.value}"
             )
         config = PluginConfig.from_env(os.environ)
-        self.agentmars_policy = config.make_policy()
+        self.agentmars_policy_name, self.agentmars_policy = config.make_engine_half()
         self.pin_table = PinTable(self.kv_cache_manager.block_pool, self.block_size)
         self.session_book = SessionBook()
-        self.engine_view = SchedulerView(self, self.pin_table, self.session_book)
+        self.engine_view = SchedulerView(
+            self, self.pin_table, self.session_book, costs=config.costs()
+        )
+        self.feed = EventFeed(self._deliver)
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self._install_hooks()
         self._step_started: dict[int, float] = {}
@@ -104,9 +114,8 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         """Steps that scheduled any token."""
         self._status = self._start_status(config)
         self._hints = HintInbox(config.hints_address) if config.hints_address else None
-        logger.info(
-            "agentmars policy %s %s", self.agentmars_policy.name, self.agentmars_policy.settings()
-        )
+        self.agentmars_policy.publish = self._publish
+        logger.info("agentmars policy %s %s", self.agentmars_policy_name, dict(config.settings))
 
     def _install_hooks(self) -> None:
         """Hook vLLM where the policy decides. Where it keeps the default decision,
@@ -115,17 +124,17 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         policy = type(self.agentmars_policy)
         # The default priority is the arrival (then, as for every policy, the request
         # id): the same order, read from the requests without building their views.
-        self._arrival_order = policy.priority is Policy.priority
+        self._arrival_order = policy.priority is EngineHalf.priority
         # A priority that reads only the call and the pins is kept per waiting call
         # (with its session) until that session's pin changes.
         self._keep_keys = policy.priority_reads_pins_only
         self._keys: dict[str, tuple[str, Any]] = {}
-        if policy.chunk is Policy.chunk:
+        if policy.chunk is EngineHalf.chunk:
             self._reserve_prefill_lookahead = super()._reserve_prefill_lookahead  # type: ignore[method-assign]
         # The default victim is the last running call, the one vLLM takes anyway.
-        self._steers_victims = policy.victim is not Policy.victim
+        self._steers_victims = policy.victim is not EngineHalf.victim
         # The default on_call_finished never pins.
-        pins = policy.on_call_finished is not Policy.on_call_finished
+        pins = policy.on_call_finished is not EngineHalf.on_call_finished
         if pins or self._steers_victims:
             # allocate_slots is where both of schedule()'s loops learn that KV is short,
             # right before they preempt: wrapping it lets pins go first.
@@ -135,27 +144,37 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         if config.status_file is None and config.status_address is None:
             return None
         return KVStatusPublisher(
-            self.kv_figures,
+            self.kv_stats,
             path=config.status_file,
             address=config.status_address,
             hz=config.status_hz,
         )
 
-    def kv_figures(self) -> dict[str, Any]:
-        """Free, pinned and used blocks, the total, the number of pins, the pins
-        released so far by reason (``pins.ReleaseReason``), and the steps so far."""
+    def kv_stats(self) -> KVStats:
+        """The block pool now, the pins and their releases by reason
+        (``pins.ReleaseReason``), and the steps so far."""
         total = self.engine_view.total_blocks
         free = self.engine_view.free_blocks
         pins = self.pin_table
-        return {
-            "free": free,
-            "pinned": pins.pinned_blocks,
-            "used": total - free,
-            "total": total,
-            "pins": len(pins),
-            "released": dict(pins.released),
-            "steps": self.steps,
-        }
+        return KVStats(
+            source="engine",
+            total_blocks=total,
+            free_blocks=free,
+            used_blocks=total - free,
+            pinned_blocks=min(pins.pinned_blocks, total - free),
+            pins=len(pins),
+            released=dict(pins.released),
+            steps=self.steps,
+        )
+
+    def _publish(self, event: AnyEvent) -> None:
+        """An event the engine half adds to the stream: to the half itself, and out to
+        the gateway (its admission half) on the side channel."""
+        if event.source != "engine":
+            event = event.model_copy(update={"source": "engine"})
+        self.feed(event)
+        if self._status is not None:
+            self._status.send_event(event)
 
     # --- scheduling --------------------------------------------------------------------
 
@@ -173,16 +192,19 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         return output
 
     def _take_hints(self) -> None:
-        """The gateway's events since the last step: to the policy, to the view's tool
-        figures, and a session's end releases its pin."""
+        """The gateway's events since the last step, each boundary once."""
         if self._hints is None:
             return
         for event in self._hints.drain():
-            self.agentmars_policy.on_event(event)
-            self.engine_view.tools.observe(event)
-            if event.kind == "session_end":
-                self.pin_table.release(event.session_id, "session_end")
-                self.session_book.forget_session(event.session_id)
+            self.feed(event)
+
+    def _deliver(self, event: AnyEvent) -> None:
+        """To the half, to the view's tool figures; a session's end releases its pin."""
+        self.agentmars_policy.on_event(event)
+        self.engine_view.tools.observe(event)
+        if event.kind == "session_end":
+            self.pin_table.release(event.session_id, "session_end")
+            self.session_book.forget_session(event.session_id)
 
     def _order_waiting(self) -> None:
         if len(self.waiting) < 2:

@@ -12,6 +12,14 @@ the way in), and the vLLM versions the plugin supports. Imports no vLLM.
 - ``AGENTMARS_KV_STATUS_HZ``: how often (default 10 per second).
 - ``AGENTMARS_HINTS_ADDR``: receive the gateway's events (tool state, session ends) on
   a ZMQ PULL socket bound here (``hints``).
+- ``AGENTMARS_PROFILE``: a cost profile (a registered name or a JSON file, as
+  ``agentmars sim --profile`` and ``agentmars calibrate --out`` write): the engine
+  half's time estimates (``Capability.COSTS``), for policies that need them.
+
+What the plugin provides a policy's engine half (``policies.capabilities``): ticks,
+the agent instance id, cost estimates with ``AGENTMARS_PROFILE``, and tool figures with
+``AGENTMARS_HINTS_ADDR``. Not (yet): a CPU KV tier, pausing sessions. A policy that
+needs more is refused when vLLM starts, with the message.
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentmars.server.policies.interface import Policy
+from agentmars.server.policies.capabilities import Capability, PolicyRefused, refuse_unless
+from agentmars.server.policies.interface import EngineHalf
 from agentmars.server.policies.registry import make_policy
+from agentmars.server.profiles.cost_model import CostModel, ProfileError, load_profile
 
 SUPPORTED_VLLM = "0.32"
 """The plugin reads private scheduler internals that change between releases
@@ -56,6 +66,7 @@ class PluginConfig:
     status_address: str | None = None
     status_hz: float = DEFAULT_STATUS_HZ
     hints_address: str | None = None
+    profile: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> PluginConfig:
@@ -71,10 +82,30 @@ class PluginConfig:
             status_address=env.get("AGENTMARS_KV_STATUS_ADDR") or None,
             status_hz=_positive(env.get("AGENTMARS_KV_STATUS_HZ"), DEFAULT_STATUS_HZ),
             hints_address=env.get("AGENTMARS_HINTS_ADDR") or None,
+            profile=env.get("AGENTMARS_PROFILE") or None,
         )
 
-    def make_policy(self) -> Policy:
-        """The configured policy, with its modules imported first."""
+    def provides(self) -> set[Capability]:
+        """What the plugin configured so gives a policy's engine half."""
+        provides = {Capability.AGENT_INSTANCE}
+        if self.profile is not None:
+            provides.add(Capability.COSTS)
+        if self.hints_address is not None:
+            provides.add(Capability.TOOL_FIGURES)
+        return provides
+
+    def costs(self) -> CostModel | None:
+        """The cost estimator of ``AGENTMARS_PROFILE``, if one is named."""
+        if self.profile is None:
+            return None
+        try:
+            return CostModel(load_profile(self.profile))
+        except ProfileError as error:
+            raise PluginConfigError(f"AGENTMARS_PROFILE={self.profile}: {error}") from None
+
+    def make_engine_half(self) -> tuple[str, EngineHalf]:
+        """The configured policy's name and engine half, with its modules imported
+        first; refused (``PluginConfigError``) if it needs what the plugin lacks."""
         for module in self.policy_modules:
             try:
                 importlib.import_module(module)
@@ -86,12 +117,12 @@ class PluginConfig:
             policy = make_policy(self.policy, **self.settings)
         except (ValueError, TypeError) as error:
             raise PluginConfigError(f"AGENTMARS_POLICY={self.policy}: {error}") from None
-        if policy.needs_cpu_tier or policy.preempt_by_swap:
-            raise PluginConfigError(
-                f"policy {self.policy!r} needs a CPU KV tier, which the vLLM plugin "
-                "does not have yet"
-            )
-        return policy
+        half = policy.engine()
+        try:
+            refuse_unless(policy.name, half.needs, self.provides(), "the vLLM plugin")
+        except PolicyRefused as error:
+            raise PluginConfigError(str(error)) from None
+        return policy.name, half
 
 
 def _settings(text: str) -> dict[str, Any]:

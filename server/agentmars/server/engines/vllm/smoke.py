@@ -27,9 +27,9 @@ from typing import Any
 
 import httpx
 
-from agentmars.server.background import live_group_members
 from agentmars.server.engines.vllm.launch import VllmServerConfig, serve_vllm
 from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
+from agentmars.server.web.serving import live_group_members
 
 PREFILL_TOKENS = 10_000
 #: Token ids below this are the tokenizer's special tokens (<s>, </s>, <pad>).

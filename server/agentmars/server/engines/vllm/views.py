@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentmars.server.engines.vllm.pins import Pin, PinTable
-from agentmars.server.tool_activity import ToolActivity, ToolFigures
+from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
 
 if TYPE_CHECKING:
-    from agentmars.server.policies.interface import CallView, CostEstimator
+    from agentmars.server.policies.views import CallView, CostEstimator
 
 SESSION_MEMORY = 65_536
 """Sessions whose first arrival is remembered (ours: without the gateway's side channel
@@ -90,7 +90,9 @@ class RequestCall:
 
     @property
     def call_id(self) -> str:
-        return str(self.request.request_id)
+        # The SDK's and the gateway's id of the call, when the gateway forwarded it.
+        named = self._xargs.get("call_id")
+        return str(named) if named else str(self.request.request_id)
 
     @property
     def turn(self) -> int:
@@ -150,20 +152,33 @@ class RequestCall:
     def agent(self) -> str:
         return str(self._xargs.get("agent", ""))
 
+    @property
+    def task_id(self) -> str:
+        task = self._xargs.get("task_id")
+        return str(task) if task else self.session_id
 
-class SchedulerView(ToolFigures):
+
+class SchedulerView(FollowsTools):
     """A vLLM scheduler's state as an ``EngineView``, read when a policy asks.
 
     The plugin sees the engine, and the CPU side only through the gateway's side
     channel: active and queued tools and tool durations follow the events it sends in
     (``tools``; zero without it), tool cores are unknown (0). ``active_sessions``
-    counts the sessions with a call in the engine or a pin; there is no CPU KV tier
-    and no cost model."""
+    counts the sessions with a call in the engine or a pin; there is no CPU KV tier.
+    The cost estimates are the ``AGENTMARS_PROFILE``'s (a policy that needs them is
+    refused at start without one)."""
 
-    def __init__(self, scheduler: Any, pins: PinTable, book: SessionBook) -> None:
+    def __init__(
+        self,
+        scheduler: Any,
+        pins: PinTable,
+        book: SessionBook,
+        costs: CostEstimator | None = None,
+    ) -> None:
         self._scheduler = scheduler
         self._pins = pins
         self._book = book
+        self._costs = costs
         self.tools = ToolActivity()
 
     def call(self, request: Any) -> RequestCall:
@@ -236,10 +251,10 @@ class SchedulerView(ToolFigures):
 
     @property
     def costs(self) -> CostEstimator:
-        raise RuntimeError(
-            "the vLLM plugin has no cost model: policies that ask for time estimates "
-            "(continuum-dy, infercept) do not run on vLLM yet"
-        )
+        # Only policies that need Capability.COSTS ask, and those are refused at start
+        # without a profile.
+        assert self._costs is not None, "a policy asked for costs it did not declare"
+        return self._costs
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)

@@ -42,8 +42,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from agentmars.sdk.integrations.request import SESSION_HEADER
-from agentmars.server.gateway.proxy import ClientGone, ClientWatch, ClosingStreamingResponse
-from agentmars.server.sim.live import CallRequest, CallStream, LiveEngine, LiveError
+from agentmars.server.engines.twin.engine import CallRequest, CallStream, LiveEngine, LiveError
+from agentmars.server.web.client_watch import ClientGone, ClientWatch, ClosingStreamingResponse
 
 CHARS_PER_TOKEN = 4
 DEFAULT_MAX_TOKENS = 16
@@ -174,6 +174,7 @@ def call_request(body: Mapping[str, Any], headers: Mapping[str, str], *, chat: b
         next_tool=str(xargs["next_tool"]) if xargs.get("next_tool") else None,
         expected_tool_s=float(expected) if expected is not None else None,
         agent=str(xargs.get("agent", "")),
+        call_id=str(xargs["call_id"]) if xargs.get("call_id") else None,
     )
 
 
@@ -296,7 +297,8 @@ async def _whole(
 
 def metrics_text(engine: LiveEngine, model: str) -> str:
     """Prometheus text: vLLM's names where they mean the same, ``agentmars_sim_*`` else."""
-    total, free, used, pinned = engine.kv_figures()
+    kv = engine.kv_stats()
+    total, free, used, pinned = kv.total_blocks, kv.free_blocks, kv.used_blocks, kv.pinned_blocks
     counters = engine.counters
     label = f'{{model_name="{model}"}}'
     figures: list[tuple[str, str, float]] = [

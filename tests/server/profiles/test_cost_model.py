@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentmars.server.sim.cost_model import (
+from agentmars.server.profiles.cost_model import (
     PROFILE_DIR,
     CostModel,
     FittedCost,
@@ -22,7 +22,7 @@ from agentmars.server.sim.cost_model import (
     profile_json,
     profile_names,
 )
-from agentmars.server.sim.gpu_profiles import (
+from agentmars.server.profiles.gpu_profiles import (
     GPT_OSS_120B,
     H100_SXM,
     PUBLISHED_STEPS,
@@ -35,7 +35,7 @@ from agentmars.server.sim.gpu_profiles import (
     kv_cache_memory_bytes,
     step_model,
 )
-from agentmars.server.sim.hardware import GIB
+from agentmars.server.profiles.hardware import GIB
 
 TESTBEDS = sorted(TESTBED_PROFILES)
 

@@ -10,8 +10,8 @@ writes every derivation out with its sources.
 Regenerate the JSON files after changing anything here, and print the derived
 figures the docs quote::
 
-    python -m agentmars.server.sim.gpu_profiles write
-    python -m agentmars.server.sim.gpu_profiles report
+    python -m agentmars.server.profiles.gpu_profiles write
+    python -m agentmars.server.profiles.gpu_profiles report
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentmars.server.sim.cost_model import (
+from agentmars.server.profiles.cost_model import (
     PROFILE_DIR,
     CostModel,
     Profile,
@@ -29,7 +29,7 @@ from agentmars.server.sim.cost_model import (
     chunk_attention,
     profile_json,
 )
-from agentmars.server.sim.hardware import GIB, MIB, GpuSpec, ModelSpec
+from agentmars.server.profiles.hardware import GIB, MIB, GpuSpec, ModelSpec
 
 # NOTE: CUDA (hence vLLM) sees ~0.47 GiB less than nvidia-smi's total: measured on an
 # H100 80GB, 81559 MiB in nvidia-smi against 79.18 GiB in vLLM's log. Applied to both
@@ -59,7 +59,7 @@ H100_SXM = GpuSpec(
     host_link_bytes_s=PCIE_GEN5_X16_BYTES_S,
 )
 """Not a testbed: the GPU of the public vLLM measurements the efficiencies are checked
-against (tests/server/sim/test_cost_model.py)."""
+against (tests/server/profiles/test_cost_model.py)."""
 
 QWEN3_CODER_30B = ModelSpec(
     name="Qwen/Qwen3-Coder-30B-A3B-Instruct",
@@ -132,7 +132,7 @@ class Efficiency:
 
 
 # NOTE: ours, checked against public vLLM measurements on an H100 SXM (docs/cost-model.md
-# "Validation"; tests/server/sim/test_cost_model.py): BF16 fused-MoE GEMMs and FA3 at
+# "Validation"; tests/server/profiles/test_cost_model.py): BF16 fused-MoE GEMMs and FA3 at
 # half of peak, weight streaming at 80% of HBM bandwidth; GPT-OSS's MXFP4 experts run
 # as weight-only FP4 (dequantised to BF16, no FP4 tensor cores on Hopper), which the
 # published prefill and decode times put at about 30% of peak and 60% of bandwidth.

@@ -254,7 +254,7 @@ TOKEN_ENV = "AGENTMARS_COLLECTOR_TOKEN"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m agentmars.server.ingest``: a standalone collector process. The
+    """``python -m agentmars.server.web.ingest``: a standalone collector process. The
     token comes from the environment, not the command line, where ``ps`` shows it."""
     import argparse
     import os
@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
     parser = argparse.ArgumentParser(
-        prog="python -m agentmars.server.ingest", description=main.__doc__
+        prog="python -m agentmars.server.web.ingest", description=main.__doc__
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback default)")
     parser.add_argument("--port", type=int, default=8766)

@@ -21,13 +21,13 @@ from typing import Any
 
 import httpx
 
-from agentmars.server.sim.calibrate import (
+from agentmars.server.profiles.calibrate import (
     ProbeKind,
     ProbeRecord,
     Recording,
     StreamRecord,
 )
-from agentmars.server.sim.cost_model import EngineLimits
+from agentmars.server.profiles.cost_model import EngineLimits
 
 REQUEST_TIMEOUT_S = 600.0
 FIRST_PLAIN_TOKEN = 3

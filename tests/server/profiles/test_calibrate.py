@@ -16,8 +16,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, StreamingResponse
 
-from agentmars.server.background import serve_in_subprocess, serve_in_thread
-from agentmars.server.sim.calibrate import (
+from agentmars.server.profiles.calibrate import (
     ProbeRecord,
     Recording,
     Row,
@@ -32,7 +31,7 @@ from agentmars.server.sim.calibrate import (
     prefill_features,
     recording_rows,
 )
-from agentmars.server.sim.cost_model import (
+from agentmars.server.profiles.cost_model import (
     CostModel,
     EngineLimits,
     FittedCost,
@@ -40,14 +39,15 @@ from agentmars.server.sim.cost_model import (
     fitted_step_time,
     load_profile,
 )
-from agentmars.server.sim.measure import (
+from agentmars.server.profiles.measure import (
     CalibrationError,
     ProbePlan,
     design_probes,
     record,
     server_facts,
 )
-from tests.server.sim.paced_engine import COST, ENGINE, MODEL
+from agentmars.server.web.serving import serve_in_subprocess, serve_in_thread
+from tests.server.profiles.paced_engine import COST, ENGINE, MODEL
 
 DATA = Path(__file__).with_name("data")
 PACED_ENGINE = [sys.executable, str(Path(__file__).with_name("paced_engine.py"))]
@@ -174,7 +174,7 @@ def test_the_fit_refuses_too_few_or_impossible_rows() -> None:
 
 
 def test_the_recorded_paced_engine_gives_back_its_coefficients() -> None:
-    """tests/server/sim/data/paced-engine-recording.json: ``agentmars calibrate`` run
+    """tests/server/profiles/data/paced-engine-recording.json: ``agentmars calibrate`` run
     against paced_engine.py (full grid, 2 repeats). The engine's steps last exactly
     COST, plus asyncio's timer overshoot (~1 ms on this machine) in c0."""
     recording = Recording.model_validate_json((DATA / "paced-engine-recording.json").read_text())
@@ -196,7 +196,7 @@ def test_the_recorded_paced_engine_gives_back_its_coefficients() -> None:
 
 
 def test_the_vllm_cpu_recording_fits_and_is_the_shipped_cpu_tiny() -> None:
-    """tests/server/sim/data/cpu-tiny-recording.json: ``agentmars calibrate`` against
+    """tests/server/profiles/data/cpu-tiny-recording.json: ``agentmars calibrate`` against
     vLLM 0.32.0's CPU engine serving the tiny Llama (docs/cost-model.md)."""
     recording = Recording.model_validate_json((DATA / "cpu-tiny-recording.json").read_text())
     assert recording.engine.block_size == 128  # vLLM's CPU block size

@@ -1,11 +1,8 @@
-"""Session metadata of a request and the gateway's admission of sessions.
-
-``call_metadata`` reads who a request belongs to (header ``X-Session-ID``, body
-``session_id``, body ``vllm_xargs``: the SDK's wire contract,
-``agentmars.sdk.integrations.request``). ``Admission`` is the policy's external
-control plane (seed 000 Algorithm 1): a session's first call waits here until the
-policy's ``admit`` lets the session in; an admitted session stays admitted until it
-ends. A session ends at the gateway on the first of:
+"""The gateway's admission of sessions: the host of the policy's admission half, the
+external control plane (seed 000 Algorithm 1; docs/policies.md). A session's first
+call waits here until the half's ``admit`` lets the session in (the call's metadata,
+who it belongs to, comes from ``call_meta``); an admitted session stays admitted
+until it ends. A session ends at the gateway on the first of:
 
 - a ``session_end`` event (the SDK posts one to ``POST /v1/events``);
 - a client disconnecting in the middle of one of its calls (the agent is gone);
@@ -21,102 +18,15 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from agentmars.sdk.events import AnyEvent, ToolEnd, ToolEnqueue, ToolStart, new_id
-from agentmars.sdk.integrations.request import SESSION_HEADER, project_prompt_tokens
-from agentmars.server.gateway.telemetry import GatewayView
-from agentmars.server.policies.interface import Policy, SessionView
-
-
-class BadRequest(ValueError):
-    """The request's metadata is unusable; the message becomes the 400 body."""
-
-
-@dataclass(frozen=True, slots=True)
-class CallMeta:
-    """What the gateway knows of one call before forwarding it."""
-
-    session_id: str
-    turn: int | None
-    follows_tool: bool
-    expects_tool: bool
-    prompt_tokens: int
-    ephemeral: bool
-    """The request named no session: it is a one-call session of its own."""
-
-
-def _check_session_id(value: object) -> str:
-    # It travels to the engine in the X-Session-ID header too: printable ASCII only.
-    if (
-        not isinstance(value, str)
-        or not 1 <= len(value) <= 256
-        or not (value.isascii() and value.isprintable())
-    ):
-        raise BadRequest(
-            "session_id must be a non-empty string of at most 256 printable ASCII characters"
-        )
-    return value
-
-
-def _session_id(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
-    xargs = body.get("vllm_xargs")
-    candidates = [
-        headers.get(SESSION_HEADER.lower()),
-        body.get("session_id"),
-        xargs.get("session_id") if isinstance(xargs, Mapping) else None,
-    ]
-    ids = sorted({_check_session_id(c) for c in candidates if c is not None})
-    if len(ids) > 1:
-        raise BadRequest(f"the request names different sessions: {ids}")
-    return ids[0] if ids else None
-
-
-def _flag(xargs: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = xargs.get(name, default)
-    # vLLM's extra_args carry ints, so the SDK sends 0/1; bools are accepted too.
-    if value not in (0, 1) or isinstance(value, float):
-        raise BadRequest(f"vllm_xargs.{name} must be 0 or 1, got {value!r}")
-    return bool(value)
-
-
-def _turn(xargs: Mapping[str, Any]) -> int | None:
-    turn = xargs.get("turn")
-    if turn is None:
-        return None
-    if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
-        raise BadRequest(f"vllm_xargs.turn must be an integer >= 0, got {turn!r}")
-    return turn
-
-
-def _last_role(body: Mapping[str, Any]) -> object:
-    messages = body.get("messages")
-    if isinstance(messages, list) and messages and isinstance(messages[-1], Mapping):
-        return messages[-1].get("role")
-    return None
-
-
-def call_metadata(headers: Mapping[str, str], body: Mapping[str, Any]) -> CallMeta:
-    """The session metadata of a request (``headers`` with lower-case names)."""
-    xargs = body.get("vllm_xargs", {})
-    if not isinstance(xargs, Mapping):
-        raise BadRequest("vllm_xargs must be a JSON object")
-    session_id = _session_id(headers, body)
-    tools_offered = bool(body.get("tools")) and body.get("tool_choice") != "none"
-    return CallMeta(
-        session_id=session_id or f"call-{new_id()}",
-        turn=_turn(xargs),
-        follows_tool=_flag(xargs, "follows_tool", _last_role(body) in ("tool", "function")),
-        expects_tool=_flag(xargs, "expects_tool", tools_offered),
-        # The SDK's own projection (characters / 4); 1 for a body with neither field.
-        prompt_tokens=project_prompt_tokens(body) or 1,
-        ephemeral=session_id is None,
-    )
-
-
-# --- admission ----------------------------------------------------------------------
+from agentmars.sdk.events import AnyEvent, ToolEnd, ToolEnqueue, ToolStart
+from agentmars.server.gateway.call_meta import CallMeta
+from agentmars.server.policies.admission_view import StreamAdmissionView
+from agentmars.server.policies.feed import EventFeed
+from agentmars.server.policies.interface import AdmissionHalf
+from agentmars.server.policies.views import SessionView
 
 
 @dataclass(slots=True)
@@ -141,19 +51,23 @@ class AdmittedSession:
 
 
 class Admission:
-    """Holds sessions until the policy admits them; all methods run on one event loop."""
+    """Holds sessions until the admission half admits them; all methods run on one
+    event loop. Each boundary of the stream reaches the half once (``EventFeed``)."""
 
     def __init__(
         self,
-        policy: Policy,
-        view: GatewayView,
+        half: AdmissionHalf,
+        view: StreamAdmissionView,
         *,
+        policy_name: str = "",
         idle_timeout_s: float = 300.0,
     ) -> None:
         if not idle_timeout_s > 0 or math.isinf(idle_timeout_s):
             raise ValueError(f"idle_timeout_s must be a finite number > 0, got {idle_timeout_s}")
-        self.policy = policy
+        self.half = half
+        self.policy_name = policy_name
         self.view = view
+        self.feed = EventFeed(self._deliver)
         self.idle_timeout_s = idle_timeout_s
         self.waiting: list[WaitingSession] = []
         self.admitted: dict[str, AdmittedSession] = {}
@@ -219,7 +133,7 @@ class Admission:
         """Ask the policy whom to admit now, and let them in."""
         self._expire_idle()
         if self.waiting:
-            chosen = self.policy.admit(list(self.waiting), self.view)
+            chosen = self.half.admit(list(self.waiting), self.view)
             for session in chosen:
                 self._let_in(session)
 
@@ -244,10 +158,13 @@ class Admission:
         """Hand each event to the policy and the view, follow the sessions it names,
         then re-run admission (an event may have changed the policy's mind)."""
         for event in events:
-            self.policy.on_event(event)
-            self.view.observe(event)
-            self._follow(event)
+            self.feed(event)
         self.admit()
+
+    def _deliver(self, event: AnyEvent) -> None:
+        self.half.on_event(event)
+        self.view.observe(event)
+        self._follow(event)
 
     def _follow(self, event: AnyEvent) -> None:
         """Agent names, session ends, and tool activity (which keeps a session from

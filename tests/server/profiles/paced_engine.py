@@ -14,10 +14,10 @@ import argparse
 import uvicorn
 from fastapi import FastAPI
 
+from agentmars.server.engines.twin.app import create_live_app
+from agentmars.server.engines.twin.engine import LiveEngine
 from agentmars.server.policies.fcfs import FCFS
-from agentmars.server.sim.cost_model import EngineLimits, FittedCost, Profile
-from agentmars.server.sim.live import LiveEngine
-from agentmars.server.sim.live_app import create_live_app
+from agentmars.server.profiles.cost_model import EngineLimits, FittedCost, Profile
 
 MODEL = "paced-tiny"
 COST = FittedCost(c0=15e-3, c1=1e-4, c2=4e-8, c3=1.5e-3, c4=8e-6)
@@ -36,7 +36,7 @@ def create_app(cost: FittedCost = COST, engine: EngineLimits = ENGINE) -> FastAP
         **engine.model_dump(),
         name=MODEL,
         description="known coefficients for the calibration tests",
-        sources=["tests/server/sim/paced_engine.py"],
+        sources=["tests.server.profiles.paced_engine.py"],
         cpu_kv_blocks=0,
         cpu_kv_bandwidth_bytes_s=1.0,
         cost=cost,

@@ -40,19 +40,25 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentmars.sdk.events import AnyEvent, CallEvent, LLMEnd, LLMFirstToken, LLMSubmit
-from agentmars.server.metrics.records import CallRecord, SessionRecord
-from agentmars.server.policies.interface import (
-    Policy,
-    Release,
-    SessionAction,
+from agentmars.sdk.events import (
+    AnyEvent,
+    KVStats,
+    LLMEnd,
+    LLMFirstToken,
+    LLMSubmit,
+    SessionPause,
+    SessionResume,
 )
-from agentmars.server.sim.cost_model import CostModel, Profile
+from agentmars.server.metrics.records import CallRecord, SessionRecord
+from agentmars.server.policies.capabilities import Capability, PolicyRefused, refuse_unless
+from agentmars.server.policies.feed import EventFeed
+from agentmars.server.policies.interface import Policy, Publish, Release, SessionAction
+from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
+from agentmars.server.profiles.cost_model import CostModel, Profile
 from agentmars.server.sim.engine_view import KVEngineView
 from agentmars.server.sim.entities import Call, Session
 from agentmars.server.sim.kv_cache import KVCache
 from agentmars.server.sim.scheduler import Scheduler, Step
-from agentmars.server.tool_activity import ToolActivity, ToolFigures
 from agentmars.server.workloads.model import SessionSpec, TurnSpec
 
 SESSION_MEMORY = 65_536
@@ -87,6 +93,8 @@ class CallRequest:
     next_tool: str | None = None
     expected_tool_s: float | None = None
     agent: str = ""
+    call_id: str | None = None
+    """The id the SDK and the gateway gave the call (None: the engine makes one)."""
 
 
 class CallStream:
@@ -146,30 +154,39 @@ def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-class LiveEngine(KVEngineView, ToolFigures):
-    """Serves calls under one policy on one profile; it is also the policy's
-    ``EngineView``. All methods run on the event loop of ``run()``, except
-    ``kv_figures`` (any thread)."""
+class LiveEngine(KVEngineView, FollowsTools):
+    """Serves calls under one policy's engine half on one profile; it is also the
+    half's ``EngineView``. All methods run on the event loop of ``run()``, except
+    ``kv_stats`` (any thread). ``publish`` takes the events the engine adds to the
+    stream (the half's own, and ``session_pause`` / ``session_resume``): the gateway's
+    hub, for its admission half."""
 
-    def __init__(
-        self, profile: Profile, policy: Policy, *, tools: ToolActivity | None = None
-    ) -> None:
-        if policy.needs_cpu_tier and not profile.cpu_kv_blocks:
-            raise LiveError(f"policy {policy.name!r} needs the CPU KV tier; the profile has none")
+    def __init__(self, profile: Profile, policy: Policy, *, publish: Publish | None = None) -> None:
+        self.half = half = policy.engine()
+        provides = set(Capability) - {Capability.KV_FIGURES}
+        if not profile.cpu_kv_blocks:
+            provides.discard(Capability.CPU_TIER)
+        try:
+            refuse_unless(policy.name, half.needs, provides, "the wall-clock twin")
+        except PolicyRefused as error:
+            raise LiveError(str(error)) from None
         self.profile = profile
         self.policy = policy
         self.cost = CostModel(profile)
-        self.tools = tools or ToolActivity()
+        self.tools = ToolActivity()
+        self._publish_out = publish or (lambda event: None)
+        self.feed = EventFeed(self._deliver)
+        half.publish = self._publish
         self.kv = KVCache(
             profile.num_gpu_blocks,
             profile.block_size,
-            profile.cpu_kv_blocks if policy.needs_cpu_tier else 0,
+            profile.cpu_kv_blocks if Capability.CPU_TIER in half.needs else 0,
             self._count_eviction,
-            offload_evicted=policy.offload_evicted,
+            offload_evicted=half.offload_evicted,
         )
         self.scheduler = Scheduler(
             self.kv,
-            policy,
+            half,
             self,
             max_num_seqs=profile.max_num_seqs,
             max_num_batched_tokens=profile.max_num_batched_tokens,
@@ -182,7 +199,7 @@ class LiveEngine(KVEngineView, ToolFigures):
         self._owners = itertools.count(1)
         self._call_ids = itertools.count()
         self._work = asyncio.Event()
-        self._next_tick_s = policy.tick_interval_s or 0.0
+        self._next_tick_s = half.tick_interval_s or 0.0
         self._channel_free_s = 0.0
         self._step_end_s = -CATCH_UP_S
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -205,11 +222,21 @@ class LiveEngine(KVEngineView, ToolFigures):
     def tool_cores(self) -> int:
         return os.cpu_count() or 1
 
-    def kv_figures(self) -> tuple[int, int, int, int]:
-        """(total, free, used, pinned) blocks; safe to read from another thread (a
-        snapshot may straddle a step)."""
+    def kv_stats(self) -> KVStats:
+        """The block pool now; safe to read from another thread (a snapshot may
+        straddle a step)."""
         total, free = self.kv.pool.num_blocks, self.kv.pool.num_free
-        return total, free, total - free, self.kv.pinned_blocks
+        return KVStats(
+            source="engine",
+            total_blocks=total,
+            free_blocks=free,
+            used_blocks=total - free,
+            pinned_blocks=min(self.kv.pinned_blocks, total - free),
+            pins=len(self.kv.pins),
+            cpu_total_blocks=self.cpu_total_blocks,
+            cpu_free_blocks=self.cpu_free_blocks,
+            steps=self.counters.steps,
+        )
 
     # --- calls in ----------------------------------------------------------------------
 
@@ -229,7 +256,7 @@ class LiveEngine(KVEngineView, ToolFigures):
     def submit(self, request: CallRequest) -> CallStream:
         """Queue a call; read its tokens from the returned stream."""
         max_tokens = self.check(request.prompt_tokens, request.max_tokens)
-        call_id = f"live-{next(self._call_ids)}"
+        call_id = request.call_id or f"live-{next(self._call_ids)}"
         live = self._live_session(request, call_id)
         now = self.now
         turn = request.turn if request.turn is not None else live.calls
@@ -319,17 +346,23 @@ class LiveEngine(KVEngineView, ToolFigures):
         self._work.set()
 
     def observe(self, events: Sequence[AnyEvent]) -> None:
-        """Events of the information stream from elsewhere (the SDK, the sandbox, via
-        the gateway): tool figures for the view, and the policy's ``on_event``. LLM
-        events are skipped: the engine hands the policy its own."""
+        """Events of the information stream from elsewhere (the SDK, the sandbox, the
+        admission half, via the gateway): each boundary once to the engine half, with
+        the engine's own reports of its calls (``EventFeed``)."""
         for event in events:
-            if event.kind.startswith("llm_"):
-                continue
-            self.tools.observe(event)
-            self.policy.on_event(event)
-            if event.kind == "session_end":
-                self.kv.unpin(event.session_id)
+            self.feed(event)
         self._work.set()
+
+    def _deliver(self, event: AnyEvent) -> None:
+        self.tools.observe(event)
+        self.half.on_event(event)
+        if event.kind == "session_end":
+            self.kv.unpin(event.session_id)
+
+    def _publish(self, event: AnyEvent) -> None:
+        """An event the engine adds to the stream: to its own half and out."""
+        self.feed(event)
+        self._publish_out(event)
 
     def observe_threadsafe(self, events: Sequence[AnyEvent]) -> None:
         """``observe`` from any thread (e.g. a hub subscriber); dropped before ``run``."""
@@ -366,7 +399,7 @@ class LiveEngine(KVEngineView, ToolFigures):
         now = self.now
         deadlines = [pin.expires_s for pin in self.kv.pins.values() if pin.expires_s is not None]
         deadlines += [call.ready_s for call in self.scheduler.running if call.ready_s > now]
-        if self.policy.tick_interval_s:
+        if self.half.tick_interval_s:
             deadlines.append(self._next_tick_s)
         timeout = min([IDLE_WAKE_S, *(deadline - now for deadline in deadlines)])
         with contextlib.suppress(TimeoutError):
@@ -374,10 +407,10 @@ class LiveEngine(KVEngineView, ToolFigures):
 
     def _housekeeping(self) -> None:
         now = self.now
-        interval = self.policy.tick_interval_s
+        interval = self.half.tick_interval_s
         if interval == 0 or (interval and now >= self._next_tick_s):
             self._next_tick_s = now + (interval or 0.0)
-            self._apply(self.policy.tick(self))
+            self._apply(self.half.tick(self))
         waiting = {call.session_id for call in self.scheduler.waiting}
         for pin in list(self.kv.pins.values()):
             # As SimEngine: a pin whose session's next call already waits stays until
@@ -418,7 +451,7 @@ class LiveEngine(KVEngineView, ToolFigures):
         del self._streams[call]
         # A call that named no session is a session of its own: nothing to keep for it.
         named = call.call_id != call.session_id
-        decision = self.policy.on_call_finished(call, self) if named else Release()
+        decision = self.half.on_call_finished(call, self) if named else Release()
         freed = len(call.blocks)
         pin = self.keep_or_free(call, decision, self.now)
         freed -= pin.blocks if pin is not None else 0
@@ -457,8 +490,10 @@ class LiveEngine(KVEngineView, ToolFigures):
                 self.drop_pin(live.session, offload=action.kind == "offload")
             elif action.kind == "pause":
                 self._pause(live)
+                self._publish(SessionPause(session_id=action.session_id, source="engine"))
             elif action.kind == "resume":
                 self._resume(live)
+                self._publish(SessionResume(session_id=action.session_id, source="engine"))
 
     def _pause(self, live: _LiveSession) -> None:
         session_id = live.session.session_id
@@ -491,15 +526,17 @@ class LiveEngine(KVEngineView, ToolFigures):
             expects_tool=call.expects_tool,
         )
 
-    def _emit(self, kind: type[CallEvent], call: Call, **fields: Any) -> None:
+    def _emit(
+        self, kind: type[LLMSubmit | LLMFirstToken | LLMEnd], call: Call, **fields: Any
+    ) -> None:
         event = kind(
             session_id=call.session_id,
             call_id=call.call_id,
             turn=call.turn,
-            source="sim",
+            source="engine",
             **fields,
         )
-        self.policy.on_event(event)
+        self.feed(event)
 
     def _count_eviction(self, blocks: int) -> None:
         self.counters.evicted_blocks += blocks

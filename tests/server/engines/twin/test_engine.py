@@ -23,17 +23,17 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentmars.sdk.events import ToolEnd, ToolStart
-from agentmars.server.background import serve_in_thread
+from agentmars.server.engines.twin.app import create_live_app
+from agentmars.server.engines.twin.engine import LiveEngine
 from agentmars.server.policies.registry import make_policy, policy_names
-from agentmars.server.sim.cost_model import (
+from agentmars.server.profiles.cost_model import (
     FittedCost,
     Profile,
     StepShape,
     chunk_attention,
     load_profile,
 )
-from agentmars.server.sim.live import LiveEngine
-from agentmars.server.sim.live_app import create_live_app
+from agentmars.server.web.serving import serve_in_thread
 
 MODEL = "cpu-tiny"
 TIMER_SLACK_S = 0.03
@@ -326,7 +326,7 @@ def test_tool_events_from_elsewhere_reach_the_policy_and_the_view() -> None:
     engine.observe([ToolEnd(duration_s=5.0, **stamp)])
     assert engine.active_tools == 0 and engine.tool_ema_s == {"pytest": 5.0}
     # Continuum learnt the tool's mean (5 s > its 2 s TTL): it would not pin for it.
-    assert engine.policy.mean_duration("pytest") == 5.0  # type: ignore[attr-defined]
+    assert engine.half.mean_duration("pytest") == 5.0  # type: ignore[attr-defined]
 
 
 FIELDS = ("model", "prompt", "messages", "max_tokens", "stream", "stream_options", "n",

@@ -1,6 +1,6 @@
 """Fit a ``FittedCost`` to timings recorded from a real engine (``agentmars calibrate``).
 
-The measuring (``agentmars.server.sim.measure``) records, per probe, when each stream
+The measuring (``agentmars.server.profiles.measure``) records, per probe, when each stream
 was sent and when each of its tokens arrived. Everything here is pure: turning those
 timings into linear equations in the step-time coefficients, solving them with
 non-negative least squares, and writing the profile.
@@ -32,7 +32,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentmars.server.sim.cost_model import EngineLimits, FittedCost, Profile, chunk_attention
+from agentmars.server.profiles.cost_model import EngineLimits, FittedCost, Profile, chunk_attention
 
 ProbeKind = Literal["prefill", "decode", "batch", "mixed"]
 FEATURES = ("steps", "prefill_tokens", "prefill_attention", "decode_seqs", "decode_context")

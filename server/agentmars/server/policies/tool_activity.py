@@ -1,17 +1,16 @@
-"""The CPU side as the event stream shows it: tool calls queued and running, and a
-moving average of each tool kind's duration. The gateway follows it from the events it
-ingests, and the scheduler plugin from the same events sent over the side channel, so
-both engines' policies see the same tool figures."""
+"""The CPU side as the event stream shows it: tool calls queued and running, and the
+moving average of each tool kind's duration (``agentmars.sdk.tool_stats``). Every host
+of a policy half follows it from the same events (the gateway from what it ingests,
+the vLLM plugin from the side channel, the twin from the gateway, the simulator from
+what it emits), so both halves see the same tool figures on every engine.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from agentmars.sdk.events import AnyEvent
-
-EMA_WEIGHT = 0.2
-"""Weight of the newest tool duration in the per-kind moving average (our choice:
-about the last five calls dominate)."""
+from agentmars.sdk.tool_stats import ToolDurations
 
 
 class ToolActivity:
@@ -21,7 +20,7 @@ class ToolActivity:
     def __init__(self) -> None:
         self._queued: set[tuple[str, str]] = set()
         self._active: set[tuple[str, str]] = set()
-        self._ema: dict[str, float] = {}
+        self.durations = ToolDurations()
 
     @property
     def active_tools(self) -> int:
@@ -33,7 +32,7 @@ class ToolActivity:
 
     @property
     def tool_ema_s(self) -> Mapping[str, float]:
-        return self._ema
+        return self.durations.ema_s
 
     def runs_tools(self, session_id: str) -> bool:
         """The session has a tool call queued or running."""
@@ -53,16 +52,12 @@ class ToolActivity:
         elif event.kind == "tool_end":
             self._queued.discard((event.session_id, event.call_id))
             self._active.discard((event.session_id, event.call_id))
-            previous = self._ema.get(event.tool)
-            self._ema[event.tool] = (
-                event.duration_s
-                if previous is None
-                else EMA_WEIGHT * event.duration_s + (1 - EMA_WEIGHT) * previous
-            )
+            self.durations.record(event.tool, event.duration_s)
 
 
-class ToolFigures:
-    """The tool fields of an ``EngineView`` answered from its ``tools``."""
+class FollowsTools:
+    """The ``ToolFigures`` of a view answered from its ``tools``; ``tool_cores`` is
+    the host's own."""
 
     tools: ToolActivity
 

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from agentmars.sdk.events import AnyEvent, SessionStart, ToolStats, encode_jsonl
-from agentmars.server.ingest import (
+from agentmars.server.web.ingest import (
     EVENTS_PATH,
     EventHub,
     create_collector_app,

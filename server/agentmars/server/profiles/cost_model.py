@@ -36,9 +36,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agentmars.server.sim.hardware import GpuSpec, ModelSpec
+from agentmars.server.profiles.hardware import GpuSpec, ModelSpec
 
-PROFILE_DIR = Path(__file__).with_name("profiles")
+PROFILE_DIR = Path(__file__).with_name("data")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,16 +12,16 @@ from typing import Any
 import httpx
 import pytest
 
-from agentmars.server.background import (
+from agentmars.server.web.ingest import TOKEN_ENV
+from agentmars.server.web.serving import (
     free_loopback_port,
     live_group_members,
     serve_in_subprocess,
 )
-from agentmars.server.ingest import TOKEN_ENV
 
 
 def test_subprocess_server_serves_then_leaves_no_process() -> None:
-    command = [sys.executable, "-m", "agentmars.server.ingest"]
+    command = [sys.executable, "-m", "agentmars.server.web.ingest"]
     with serve_in_subprocess(command, env={TOKEN_ENV: "t0ken"}) as url:
         assert url.startswith("http://127.0.0.1:")
         assert httpx.get(f"{url}/healthz").json() == {"status": "ok", "events": 0}
@@ -34,7 +34,7 @@ def test_subprocess_server_serves_then_leaves_no_process() -> None:
 
 def test_subprocess_server_comes_back_on_the_port_it_is_given() -> None:
     """A restarted server on the same port, where its clients expect it."""
-    command = [sys.executable, "-m", "agentmars.server.ingest"]
+    command = [sys.executable, "-m", "agentmars.server.web.ingest"]
     port = free_loopback_port()
     for _ in range(2):
         with serve_in_subprocess(command, env={TOKEN_ENV: "t0ken"}, port=port) as url:
@@ -43,7 +43,7 @@ def test_subprocess_server_comes_back_on_the_port_it_is_given() -> None:
 
 
 def test_subprocess_that_cannot_start_reports_why() -> None:
-    command = ["env", "-u", TOKEN_ENV, sys.executable, "-m", "agentmars.server.ingest"]
+    command = ["env", "-u", TOKEN_ENV, sys.executable, "-m", "agentmars.server.web.ingest"]
     with pytest.raises(RuntimeError, match=TOKEN_ENV), serve_in_subprocess(command):
         pass
 
@@ -69,7 +69,7 @@ def test_subprocess_children_that_outlive_the_server_are_stopped_too(tmp_path: P
     child_pid_file = tmp_path / "child.pid"
     # The server leaves a child behind that ignores SIGTERM (inherited SIG_IGN).
     script = f'(trap "" TERM; exec sleep 60) & echo $! > {child_pid_file}; exec "$0" "$@"'
-    command = ["sh", "-c", script, sys.executable, "-m", "agentmars.server.ingest"]
+    command = ["sh", "-c", script, sys.executable, "-m", "agentmars.server.web.ingest"]
     with serve_in_subprocess(command, env={TOKEN_ENV: "t0ken"}, stop_grace_s=1.0):
         group = os.getpgid(int(child_pid_file.read_text()))
         assert len(live_group_members(group)) == 2
@@ -94,7 +94,7 @@ def test_a_stop_signal_during_the_start_still_stops_the_server(
     # The way `agentmars serve` stops on SIGTERM: it raises as SIGINT does.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        command = [sys.executable, "-m", "agentmars.server.ingest"]
+        command = [sys.executable, "-m", "agentmars.server.web.ingest"]
         with (
             pytest.raises(KeyboardInterrupt),
             serve_in_subprocess(command, env={TOKEN_ENV: "t0ken"}, startup_timeout_s=30),

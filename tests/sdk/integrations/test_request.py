@@ -1,0 +1,86 @@
+"""What every integration writes into a request (``request.begin_call``), without a
+server: the ids, the session's agent and task, and the caller's hints."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from agentmars import sdk
+from agentmars.sdk.events import LLMSubmit
+from agentmars.sdk.integrations.request import begin_call
+
+
+def _xargs(**kwargs: Any) -> dict[str, Any]:
+    """The ``vllm_xargs`` a chat request made now would carry."""
+    kwargs.setdefault("messages", [{"role": "user", "content": "hi"}])
+    call = begin_call(kwargs, "chat")
+    assert call is not None
+    call.end()
+    xargs: dict[str, Any] = kwargs["extra_body"]["vllm_xargs"]
+    return xargs
+
+
+def test_the_call_id_on_the_wire_is_the_one_the_events_carry(
+    emitter: sdk.Emitter, events: sdk.MemorySink
+) -> None:
+    with sdk.session(emitter=emitter):
+        first, second = _xargs(), _xargs()
+    submits = [e for e in events.events if isinstance(e, LLMSubmit)]
+    assert [first["call_id"], second["call_id"]] == [e.call_id for e in submits]
+    assert first["call_id"] != second["call_id"]
+
+
+def test_the_sessions_agent_and_task_go_with_every_call(emitter: sdk.Emitter) -> None:
+    with sdk.session(agent="coder", task_id="issue-42", emitter=emitter):
+        xargs = _xargs()
+    assert (xargs["agent"], xargs["task_id"]) == ("coder", "issue-42")
+    with sdk.session(emitter=emitter):
+        xargs = _xargs()
+    assert "agent" not in xargs and "task_id" not in xargs  # not known: not sent
+
+
+def test_hints_go_with_the_calls_inside_their_block_only(emitter: sdk.Emitter) -> None:
+    with sdk.session(emitter=emitter):
+        with sdk.hints(next_tool="pytest", expected_tool_s=30):
+            inside = _xargs()
+            with sdk.hints(next_tool="ls"):  # replaces, does not merge
+                inner = _xargs()
+            again = _xargs()
+        after = _xargs()
+    assert (inside["next_tool"], inside["expected_tool_s"]) == ("pytest", 30)
+    assert inner["next_tool"] == "ls" and "expected_tool_s" not in inner
+    assert again["next_tool"] == "pytest"
+    assert "next_tool" not in after and "expected_tool_s" not in after
+
+
+def test_a_callers_own_xargs_win_over_hints_but_not_over_the_ids(
+    emitter: sdk.Emitter,
+) -> None:
+    own = {"next_tool": "make", "agent": "fixer", "call_id": "mine", "turn": 9, "custom": 1}
+    with sdk.session(agent="coder", emitter=emitter), sdk.hints(next_tool="pytest"):
+        xargs = _xargs(extra_body={"vllm_xargs": own})
+    assert (xargs["next_tool"], xargs["agent"], xargs["custom"]) == ("make", "fixer", 1)
+    # The ids and markers stay the SDK's: its events name the call by them.
+    assert xargs["call_id"] != "mine" and xargs["turn"] == 0
+
+
+async def test_concurrent_tasks_keep_their_own_hints(emitter: sdk.Emitter) -> None:
+    async def branch(tool: str) -> Any:
+        async with sdk.hints(next_tool=tool):
+            await asyncio.sleep(0.01)  # the other branch opens its block meanwhile
+            return _xargs()["next_tool"]
+
+    async with sdk.session(emitter=emitter):
+        assert await asyncio.gather(branch("a"), branch("b")) == ["a", "b"]
+
+
+def test_a_decorated_function_runs_under_its_hints(emitter: sdk.Emitter) -> None:
+    @sdk.hints(next_tool="pytest", expected_tool_s=2.5)
+    def ask() -> Any:
+        return _xargs()
+
+    with sdk.session(emitter=emitter):
+        xargs = ask()
+        assert "next_tool" not in _xargs()
+    assert (xargs["next_tool"], xargs["expected_tool_s"]) == ("pytest", 2.5)
