@@ -130,7 +130,6 @@ def test_an_unknown_profile_exits_with_the_list_of_profiles() -> None:
         (("--engine", "sim", "--profile", "cpu-tiny", "--policy", "nope"), "unknown policy"),
         (("--engine", "sim", "--profile", "cpu-tiny", "--max-model-len", "99999"), "does not fit"),
         (("--engine", "vllm"), "--engine vllm needs --model"),
-        (("--model", "/m", "--profile", "cpu-tiny"), "--profile is for --engine sim"),
     ],
 )
 def test_bad_options_exit_2_with_a_message(args: tuple[str, ...], says: str) -> None:

@@ -261,6 +261,9 @@ class EngineShape:
     """The longest context (``MixShape.max_context``)."""
     cores: str | None = "0"
     log_dir: Path = Path("out/bench-session-mix")
+    profile: str | None = "cpu-tiny"
+    """The plugin's cost profile (policies that need time estimates): ``cpu-tiny`` is
+    the fit to this engine, vLLM CPU with the tiny model (docs/cost-model.md)."""
 
 
 def _serve_argv(engine: EngineShape, policy: str) -> list[str]:
@@ -271,6 +274,8 @@ def _serve_argv(engine: EngineShape, policy: str) -> list[str]:
         "--max-model-len", str(engine.max_model_len),
         "--log", str(engine.log_dir / f"vllm-{policy}.log"),
     ]  # fmt: skip
+    if engine.profile is not None:
+        argv += ["--profile", engine.profile]
     return argv if engine.cores is None else [*argv, "--cores", engine.cores]
 
 

@@ -248,10 +248,17 @@ def bench_session_mix(
         engine = EngineShape(
             python, tiny_model_made_by(python), num_blocks, max_context, cores, log_dir
         )
-        run(engine, shape, names, json_out)
+        figures = run(engine, shape, names, json_out)
     except (BenchSetupError, SessionMixError, UnknownPolicy, WorkloadError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    # A run with failed sessions (a call refused, the engine dead) measured something
+    # else than the policy: its figures are printed, but the command fails.
+    failed = [(r["policy"], r["failed"]) for r in figures["policies"] if r["failed"]]
+    for policy, errors in failed:
+        typer.echo(f"error: {len(errors)} sessions failed under {policy}: {errors[0]}", err=True)
+    if failed:
+        raise typer.Exit(1)
 
 
 @bench_app.command("sim")
@@ -432,7 +439,10 @@ def serve(
     engine: Annotated[Engine, typer.Option(help="The engine behind the gateway.")] = Engine.vllm,
     profile: Annotated[
         str | None,
-        typer.Option(help="Cost-model profile of the simulated engine (sim; name or JSON file)."),
+        typer.Option(
+            help="Cost-model profile (name or JSON file): the simulated engine's (sim, "
+            "required) or the plugin's time estimates (vllm, for policies that need costs)."
+        ),
     ] = None,
     policy: Annotated[
         str, typer.Option(help="Scheduling policy (agentmars sim policies).")
@@ -477,9 +487,8 @@ def serve(
         vllm_only = [name for name, value in (("--model", model), ("--vllm-python", vllm_python),
                      ("--cores", cores), ("--vllm-arg", vllm_arg)) if value]  # fmt: skip
         _serve_sim(profile, vllm_only, policy, host, port, token, num_blocks, max_model_len)
-    if model is None or profile is not None:
-        wrong = "--profile is for --engine sim" if profile else "--engine vllm needs --model"
-        typer.echo(f"error: {wrong} (vllm serves a model directory)", err=True)
+    if model is None:
+        typer.echo("error: --engine vllm needs --model (vllm serves a model directory)", err=True)
         raise typer.Exit(2)
     from agentmars.cli.serve import VLLM_PYTHON_ENV, ServeError, ServeOptions
     from agentmars.cli.serve import serve as run_serve
@@ -492,6 +501,7 @@ def serve(
         options = ServeOptions(
             model=model,
             policy=policy,
+            profile=profile,
             host=host,
             port=port,
             token=token,

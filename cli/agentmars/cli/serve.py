@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentmars.server.engines.vllm.launch import CPU_BLOCK_SIZE, VllmServerConfig, serve_vllm
+from agentmars.server.engines.vllm.plugin_config import PluginConfig, PluginConfigError
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app, run_gateway
-from agentmars.server.policies.registry import UnknownPolicy, policy_class
 
 PLUGIN_CLASS = "agentmars.server.engines.vllm.plugin.AgentmarsScheduler"
 VLLM_PYTHON_ENV = "AGENTMARS_VLLM_PYTHON"
@@ -42,6 +42,8 @@ class ServeOptions:
     num_blocks: int
     cores: str | None
     vllm_args: tuple[str, ...]
+    profile: str | None = None
+    """The plugin's cost profile (``AGENTMARS_PROFILE``)."""
 
     def check(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -51,9 +53,15 @@ class ServeOptions:
                 f"the vLLM python {self.vllm_python} does not exist; "
                 f"make it with scripts/vllm-env.sh and pass --vllm-python or ${VLLM_PYTHON_ENV}"
             )
+        # The plugin's own check, before vLLM takes a minute to start and refuse.
+        env = {"AGENTMARS_POLICY": self.policy, "AGENTMARS_HINTS_ADDR": "ipc://check"}
+        if self.profile is not None:
+            env["AGENTMARS_PROFILE"] = self.profile
         try:
-            policy_class(self.policy)
-        except UnknownPolicy as error:
+            config = PluginConfig.from_env(env)
+            config.make_engine_half()
+            config.costs()
+        except PluginConfigError as error:
             raise ServeError(str(error)) from None
 
 
@@ -69,11 +77,14 @@ def stop_on_sigterm() -> None:
 
 def _plugin_env(options: ServeOptions, sockets: str) -> dict[str, str]:
     """The plugin's settings (plugin_config.py), in vLLM's environment."""
-    return {
+    env = {
         "AGENTMARS_POLICY": options.policy,
         "AGENTMARS_KV_STATUS_ADDR": f"ipc://{sockets}/kv",
         "AGENTMARS_HINTS_ADDR": f"ipc://{sockets}/hints",
     }
+    if options.profile is not None:
+        env["AGENTMARS_PROFILE"] = options.profile
+    return env
 
 
 def serve(options: ServeOptions) -> int:

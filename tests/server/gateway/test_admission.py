@@ -9,10 +9,19 @@ from collections.abc import Iterator, Sequence
 import httpx
 import pytest
 
-from agentmars.sdk.events import Event, SessionEnd, SessionStart, ToolEnd, ToolStart
+from agentmars.sdk.events import (
+    AnyEvent,
+    LLMEnd,
+    LLMSubmit,
+    SessionEnd,
+    SessionStart,
+    ToolEnd,
+    ToolStart,
+)
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
-from agentmars.server.policies.interface import EngineView, Policy, SessionView
+from agentmars.server.policies.interface import AdmissionHalf, Policy
 from agentmars.server.policies.registry import register
+from agentmars.server.policies.views import AdmissionView, SessionView
 from agentmars.server.web.serving import serve_in_thread
 from tests.server.gateway.conftest import AUTH, MODEL, TOKEN, Engine, Gateway, GatewayFactory
 
@@ -20,14 +29,21 @@ LONG = 64
 """Tokens of a long reply: 20 ms + 63 x 10 ms = ~0.65 s on the scripted engine."""
 
 
+class WindowOfOneAdmission(AdmissionHalf):
+    """At most one admitted session at a time, first come first served."""
+
+    def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:
+        return list(queue[: max(0, 1 - view.active_sessions)])
+
+
 @register
 class WindowOfOne(Policy):
-    """Test policy: at most one admitted session at a time, first come first served."""
+    """Test policy: its admission half lets in one session at a time."""
 
     name = "test-window-of-one"
 
-    def admit(self, queue: Sequence[SessionView], view: EngineView) -> Sequence[SessionView]:
-        return list(queue[: max(0, 1 - view.active_sessions)])
+    def admission(self) -> WindowOfOneAdmission:
+        return WindowOfOneAdmission()
 
 
 def _chat(session: str, max_tokens: int = 2, stream: bool = False) -> dict[str, object]:
@@ -141,21 +157,35 @@ async def test_a_client_leaving_while_it_waits_leaves_the_queue(windowed: Gatewa
         assert list(admission.admitted) == ["c"]
 
 
+class RecordingAdmission(AdmissionHalf):
+    """Admits everyone, remembers what it was shown."""
+
+    def __init__(self) -> None:
+        self.events: list[AnyEvent] = []
+        self.shown: list[tuple[str, str, int]] = []
+
+    @property
+    def kinds(self) -> list[str]:
+        return [event.kind for event in self.events]
+
+    def on_event(self, event: AnyEvent) -> None:
+        self.events.append(event)
+
+    def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:
+        self.shown += [(s.session_id, s.agent, s.prompt_tokens) for s in queue]
+        return queue
+
+
 class Recording(Policy):
-    """Test policy: admits everyone, remembers what it was shown."""
+    """Test policy: its one admission half records what it sees (``half``)."""
 
     name = "test-recording"
 
     def __init__(self) -> None:
-        self.kinds: list[str] = []
-        self.shown: list[tuple[str, str, int]] = []
+        self.half = RecordingAdmission()
 
-    def on_event(self, event: Event) -> None:
-        self.kinds.append(event.kind)
-
-    def admit(self, queue: Sequence[SessionView], view: EngineView) -> Sequence[SessionView]:
-        self.shown += [(s.session_id, s.agent, s.prompt_tokens) for s in queue]
-        return queue
+    def admission(self) -> RecordingAdmission:
+        return self.half
 
 
 async def test_the_policy_sees_every_event_and_the_waiting_sessions(engine: Engine) -> None:
@@ -168,9 +198,46 @@ async def test_the_policy_sees_every_event_and_the_waiting_sessions(engine: Engi
             await client.post(f"{url}/v1/chat/completions", json=_chat("s"))
             await _end_session(client, url, "s")
             await client.get(f"{url}/healthz")  # the loop has run the queued callbacks
-    assert policy.kinds == ["session_start", "llm_submit", "llm_end", "session_end"]
+    assert policy.half.kinds == ["session_start", "llm_submit", "llm_end", "session_end"]
     # '[{"role": "user", "content": "go"}]' is 35 characters: 35 // 4 = 8 tokens
-    assert policy.shown == [("s", "coder", 8)]
+    assert policy.half.shown == [("s", "coder", 8)]
+
+
+async def test_the_sdks_and_the_gateways_report_of_one_call_reach_the_policy_once(
+    engine: Engine,
+) -> None:
+    # The SDK posts its own llm_submit / llm_end and names the call in vllm_xargs, so
+    # the gateway records its events under the same call id: both reports go into the
+    # stream, the admission half gets the first of each.
+    policy = Recording()
+    app = create_gateway_app(GatewayConfig(upstream_url=engine.url, token=TOKEN), policy=policy)
+    ids = {"session_id": "s", "call_id": "c1", "turn": 0}
+    with serve_in_thread(app) as url:
+        async with httpx.AsyncClient(timeout=5) as client:
+            submit = LLMSubmit(**ids, projected_prompt_tokens=8)
+            await client.post(f"{url}/v1/events", content=submit.to_json(), headers=AUTH)
+            body = {**_chat("s"), "vllm_xargs": {"call_id": "c1", "turn": 0}}
+            response = await client.post(f"{url}/v1/chat/completions", json=body)
+            assert response.status_code == 200
+            end = LLMEnd(**ids, output_tokens=2)
+            await client.post(f"{url}/v1/events", content=end.to_json(), headers=AUTH)
+            await _end_session(client, url, "s")
+            await client.get(f"{url}/healthz")  # the loop has run the queued callbacks
+    events = app.state.gateway.hub.events()
+    assert [(e.kind, e.source, getattr(e, "call_id", None)) for e in events] == [
+        ("llm_submit", "sdk", "c1"),
+        ("llm_submit", "gateway", "c1"),
+        ("llm_end", "gateway", "c1"),
+        ("llm_end", "sdk", "c1"),
+        ("session_end", "sdk", None),
+    ]
+    assert [(e.kind, e.source) for e in policy.half.events] == [
+        ("llm_submit", "sdk"),
+        ("llm_end", "gateway"),
+        ("session_end", "sdk"),
+    ]
+    assert policy.half.events[0] == submit
+    assert app.state.gateway.admission.feed.duplicates == 2
 
 
 async def test_a_client_giving_up_on_a_whole_response_frees_the_window(

@@ -32,7 +32,12 @@ def submit(source: Source, session_id: str = "s", call_id: str = "c1") -> LLMSub
 
 
 def test_a_call_boundary_is_delivered_once_whoever_reports_it_first() -> None:
-    for first, second in [("sdk", "gateway"), ("gateway", "sdk"), ("engine", "sdk")]:
+    orders: list[tuple[Source, Source]] = [
+        ("sdk", "gateway"),
+        ("gateway", "sdk"),
+        ("engine", "sdk"),
+    ]
+    for first, second in orders:
         feed, delivered = feed_and_log()
         early, late = submit(first), submit(second)
         assert early.event_id != late.event_id  # two reports, not one event twice

@@ -9,6 +9,7 @@ import pytest
 from agentmars.sdk.events import (
     AnyEvent,
     KVStats,
+    LLMFirstToken,
     SessionEnd,
     SessionPause,
     SessionResume,
@@ -220,7 +221,7 @@ def test_new_programs_are_admitted_in_order_while_their_prompt_fits() -> None:
     assert list(half.admit(queue, view)) == [queue[0]]
 
 
-def test_prompts_admitted_since_the_figures_count_until_new_figures_arrive() -> None:
+def test_admitted_prompts_count_until_their_first_token() -> None:
     half = ThunderAgent().admission()
     # 4 free blocks = 64 tokens.
     view = figures(half, free_blocks=4)
@@ -231,15 +232,19 @@ def test_prompts_admitted_since_the_figures_count_until_new_figures_arrive() -> 
     # R (24) fits exactly in what is left: 24 <= 24; then 0 left.
     assert list(half.admit([r], view)) == [r]
     assert list(half.admit([SessionData("S", 1)], view)) == []
-    # New figures (the engine has taken P's and R's prompts, and freed some): 2 free
-    # blocks = 32 tokens, nothing admitted since. Q (30) fits, 2 left.
+    # New figures that do not show P and R yet (they wait in the engine, unallocated):
+    # 4 free blocks = 64 tokens, less P's 40 and R's 24 still not started: nothing fits.
+    view = figures(half, free_blocks=4)
+    assert list(half.admit([q], view)) == []
+    # P's first token: its blocks are the engine's now. New figures with 2 free blocks
+    # (32 tokens), less R's 24 still not started: 8 left. Q (30) waits, T (8) fits.
+    half.on_event(LLMFirstToken(session_id="P", call_id="c", ttft_s=0.1))
     view = figures(half, free_blocks=2)
-    assert list(half.admit([q, SessionData("S", 3)], view)) == [q]
-    # Other events change nothing of the count: 2 left, S (3) still does not fit, T (2)
-    # does.
-    half.on_event(ToolStart(session_id="P", call_id="tool", tool="t"))
-    assert list(half.admit([SessionData("S", 3)], view)) == []
-    assert list(half.admit([SessionData("T", 2)], view)) == [SessionData("T", 2)]
+    assert list(half.admit([q], view)) == []
+    assert list(half.admit([SessionData("T", 8)], view)) == [SessionData("T", 8)]
+    # R's session ends before it started: its 24 tokens are free again.
+    half.on_event(SessionEnd(session_id="R"))
+    assert list(half.admit([SessionData("U", 24)], view)) == [SessionData("U", 24)]
 
 
 def test_the_block_size_turns_free_blocks_into_tokens() -> None:
@@ -325,10 +330,12 @@ def test_a_program_is_paused_under_thrashing_and_restored_later() -> None:
     # Pins: a's block 0.12-0.22, b's 0.12-0.345 (dropped by the pause).
     assert record.pinned_block_s == pytest.approx(0.1 + 0.225)
     # What the admission half learnt of the engine's pause and resume, from the stream.
-    assert policy.half.heard == [
-        ("session_pause", "b", pytest.approx(0.345)),
-        ("session_resume", "b", pytest.approx(0.69)),
+    heard = policy.half.heard
+    assert [(kind, session_id) for kind, session_id, _ in heard] == [
+        ("session_pause", "b"),
+        ("session_resume", "b"),
     ]
+    assert [time for _, _, time in heard] == pytest.approx([0.345, 0.69])
 
 
 # a pins 2 blocks across a 1 s tool; b (32-token prompt, 20 out) arrives at 0.5 and

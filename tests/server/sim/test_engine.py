@@ -9,6 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentmars.sdk.events import AnyEvent, KVStats, ToolStats
+from agentmars.server.policies.capabilities import Capability
+from agentmars.server.policies.interface import AdmissionHalf, EngineHalf, Policy
 from agentmars.server.policies.registry import make_policy
 from agentmars.server.sim.engine import SimConfig, SimEngine, SimError, isolated_sessions
 from tests.server.sim.factories import STEP_S, flat_profile, session, workload
@@ -147,6 +150,137 @@ def test_policy_that_needs_a_cpu_tier_is_refused_without_one() -> None:
             flat_profile(),
             SimConfig(cpu_tier=False),
         )
+
+
+class Heard(AdmissionHalf, EngineHalf):
+    """A half (either) that keeps every event it hears."""
+
+    def __init__(self) -> None:
+        self.heard: list[AnyEvent] = []
+
+    def on_event(self, event: AnyEvent) -> None:
+        self.heard.append(event)
+
+
+class Listening(Policy):
+    """Stock decisions, halves that keep what they hear."""
+
+    name = "listening"
+
+    def admission(self) -> Heard:
+        self.admission_half = Heard()
+        return self.admission_half
+
+    def engine(self) -> Heard:
+        self.engine_half = Heard()
+        return self.engine_half
+
+
+def test_both_halves_hear_the_same_stream() -> None:
+    policy = Listening()
+    spec = session("a", [(20, 3, 0.045), (4, 2, None)])
+    engine = SimEngine(workload(spec), policy, flat_profile(num_gpu_blocks=8))
+    record = engine.run()
+    heard = policy.admission_half.heard
+    assert heard == policy.engine_half.heard
+    assert policy.admission_half is not policy.engine_half
+    # 0.00: the first KV figures (before anything arrived), a admitted and its call
+    #       sent. 0.01 first token, 0.03 its 3rd and last: the tool is queued and
+    #       starts at once (16 cores), tool figures 1 active.
+    # 0.075: the tool ends (0.045 s): tool figures 0 active, its mean duration; the 2nd
+    #       call (20 + 3 + 4 = 27 tokens) is sent: first token 0.085, end 0.095.
+    # 0.10: the KV figures changed at 0.00 (a's call took 2 blocks): the next sample is
+    #       at 0.10, after the session's end: all 8 blocks free again, 5 steps (1
+    #       prefill + 2 decode, 1 prefill + 1 decode).
+    timeline = [(round(event.mono_ns / 1e9, 6), event.kind) for event in heard]
+    assert timeline == [
+        (0.0, "kv_stats"),
+        (0.0, "session_start"),
+        (0.0, "llm_submit"),
+        (0.01, "llm_first_token"),
+        (0.03, "llm_end"),
+        (0.03, "tool_enqueue"),
+        (0.03, "tool_start"),
+        (0.03, "tool_stats"),
+        (0.075, "tool_end"),
+        (0.075, "tool_stats"),
+        (0.075, "llm_submit"),
+        (0.085, "llm_first_token"),
+        (0.095, "llm_end"),
+        (0.095, "session_end"),
+        (0.1, "kv_stats"),
+    ]
+    assert all(event.source == "sim" for event in heard)
+    figures = [event for event in heard if isinstance(event, KVStats)]
+    assert [(f.total_blocks, f.free_blocks, f.used_blocks, f.steps) for f in figures] == [
+        (8, 8, 0, 0),
+        (8, 8, 0, 5),
+    ]
+    tools = [event for event in heard if isinstance(event, ToolStats)]
+    assert [(t.active, t.queued, sorted(t.exec_ema_s)) for t in tools] == [
+        (1, 0, []),
+        (0, 0, ["bash"]),
+    ]
+    assert tools[-1].exec_ema_s["bash"] == pytest.approx(0.045)
+    # The admission half's view holds the newest figures.
+    assert engine.admission_view.kv == figures[-1]
+    assert record.steps == 5
+
+
+def test_a_kv_figure_reaches_the_admission_half_at_the_next_sample() -> None:
+    policy = Listening()
+    # One call of 20 tokens and 20 out: it takes 2 blocks at 0.00 and ends at 0.20.
+    spec = session("a", [(20, 20, None)])
+    config = SimConfig(kv_stats_interval_s=0.05)
+    SimEngine(workload(spec), policy, flat_profile(num_gpu_blocks=8), config).run()
+    figures = [
+        (round(event.mono_ns / 1e9, 6), event.free_blocks)
+        for event in policy.admission_half.heard
+        if isinstance(event, KVStats)
+    ]
+    # 0.00: 8 free, then the call takes 2 blocks: the next sample, 0.05, shows 6.
+    # 0.05: the decode jump to the call's end (0.01-0.05 was cut at that sample) takes
+    # at its start the 3rd block the call's 33rd token needs: shown at 0.10.
+    # 0.20: the call ends: 0.25 shows all 8 free. Nothing changes in between, so
+    # nothing else is published (no sample at 0.15 or 0.20).
+    assert figures == [(0.0, 8), (0.05, 6), (0.1, 5), (0.25, 8)]
+
+
+class AdmissionNeedingACPUTier(AdmissionHalf):
+    needs = frozenset({Capability.CPU_TIER})
+
+
+class NeedsACPUTierAtTheGateway(Policy):
+    name = "needs-cpu-at-the-gateway"
+
+    def admission(self) -> AdmissionHalf:
+        return AdmissionNeedingACPUTier()
+
+
+def test_each_half_is_checked_against_what_its_host_provides() -> None:
+    spec = session("a", [(20, 5, None)])
+    with pytest.raises(SimError, match="the simulated gateway cannot run policy"):
+        SimEngine(
+            workload(spec), NeedsACPUTierAtTheGateway(), flat_profile(), SimConfig(cpu_tier=False)
+        )
+    with pytest.raises(SimError, match="the simulated engine cannot run policy 'thunderagent-cpu'"):
+        SimEngine(
+            workload(spec),
+            make_policy("thunderagent-cpu"),
+            flat_profile(),
+            SimConfig(cpu_tier=False),
+        )
+    # With a CPU tier (the default when the engine half needs one) both start.
+    with_tier = flat_profile(cpu_kv_blocks=16)
+    SimEngine(workload(spec), NeedsACPUTierAtTheGateway(), with_tier, SimConfig(cpu_tier=True))
+    engine = SimEngine(workload(spec), make_policy("thunderagent-cpu"), with_tier)
+    assert engine.cpu_total_blocks == 16
+
+
+def test_a_profile_without_cpu_blocks_provides_no_cpu_tier() -> None:
+    # flat_profile() has cpu_kv_blocks=0: there is no tier to swap or offload to.
+    with pytest.raises(SimError, match="cpu-tier"):
+        SimEngine(workload(session("a", [(20, 5, None)])), make_policy("autellix"), flat_profile())
 
 
 # --- invariants -------------------------------------------------------------------------

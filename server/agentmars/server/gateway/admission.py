@@ -107,7 +107,7 @@ class Admission:
         waiting = next((w for w in self.waiting if w.session_id == meta.session_id), None)
         if waiting is None:
             future = asyncio.get_running_loop().create_future()
-            agent = self.agents.get(meta.session_id, "")
+            agent = self.agents.get(meta.session_id, meta.agent or "")
             waiting = WaitingSession(
                 meta.session_id, agent, self.view.now, meta.prompt_tokens, future
             )

@@ -110,6 +110,12 @@ class Gateway:
 def _build_gateway(config: GatewayConfig, hub: EventHub, policy: Policy | None) -> Gateway:
     """The gateway's services; refuses (``PolicyRefused``) a policy whose admission half
     needs what this gateway cannot give it."""
+    policy = policy or make_policy(config.policy, **config.policy_settings)
+    half = policy.admission()
+    provides = {Capability.TOOL_FIGURES, Capability.AGENT_INSTANCE}
+    if config.kv_source is not None or config.plugin_kv_address:
+        provides.add(Capability.KV_FIGURES)
+    refuse_unless(policy.name, half.needs, provides, "the gateway")
     link = None
     if config.plugin_kv_address or config.plugin_hints_address:
         link = PluginLink(
@@ -118,12 +124,6 @@ def _build_gateway(config: GatewayConfig, hub: EventHub, policy: Policy | None) 
             on_events=hub.publish,
         )
     kv_source = config.kv_source or (link if config.plugin_kv_address else None)
-    policy = policy or make_policy(config.policy, **config.policy_settings)
-    half = policy.admission()
-    provides = {Capability.TOOL_FIGURES, Capability.AGENT_INSTANCE}
-    if kv_source is not None:
-        provides.add(Capability.KV_FIGURES)
-    refuse_unless(policy.name, half.needs, provides, "the gateway")
     half.publish = lambda event: hub.publish([event])
     view = StreamAdmissionView(
         clock=time.monotonic,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from agentmars.sdk.events import (
     AnyEvent,
-    KVStats,
+    LLMFirstToken,
     SessionEnd,
     SessionPause,
     SessionResume,
@@ -47,7 +47,10 @@ class ThunderAgent(Policy):
     The two halves: the engine half pauses and restores (it sees the contexts) and the
     engine publishes each pause and resume; the admission half holds new programs while
     the stream says a program is paused, and fits their prompts into the free KV of
-    the newest ``kv_stats`` figures, less the prompts admitted since those figures."""
+    the newest ``kv_stats`` figures, less the prompts it admitted that have not started
+    yet (no first token: they hold no blocks in the figures). NOTE: ours — the figures
+    are sampled, so a prompt that started since the last sample is counted in neither
+    for that moment."""
 
     name = "thunderagent"
     variant = "ThunderAgent paper as described by seed 003 (TA), one replica"
@@ -74,27 +77,30 @@ class ThunderAgentAdmission(AdmissionHalf):
 
     def __init__(self) -> None:
         self._paused: set[str] = set()
-        self._admitted_since_figures = 0
-        """Prompt tokens admitted since the newest KV figures (they do not show yet)."""
+        self._not_started: dict[str, int] = {}
+        """Admitted programs whose first call has no first token yet, and its prompt."""
 
     def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, SessionPause):
             self._paused.add(event.session_id)
-        elif isinstance(event, SessionResume | SessionEnd):
+        elif isinstance(event, SessionResume):
             self._paused.discard(event.session_id)
-        elif isinstance(event, KVStats):
-            self._admitted_since_figures = 0
+        elif isinstance(event, SessionEnd):
+            self._paused.discard(event.session_id)
+            self._not_started.pop(event.session_id, None)
+        elif isinstance(event, LLMFirstToken):
+            self._not_started.pop(event.session_id, None)
 
     def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:
         if self._paused or view.kv is None:
             return ()
-        room = view.kv.free_blocks * view.block_size - self._admitted_since_figures
+        room = view.kv.free_blocks * view.block_size - sum(self._not_started.values())
         admitted = []
         for session in queue:
             if session.prompt_tokens > room:
                 break
             room -= session.prompt_tokens
-            self._admitted_since_figures += session.prompt_tokens
+            self._not_started[session.session_id] = session.prompt_tokens
             admitted.append(session)
         return admitted
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -68,7 +69,7 @@ from agentmars.server.policies.capabilities import Capability, PolicyRefused, re
 from agentmars.server.policies.interface import Policy, SessionAction
 from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
 from agentmars.server.profiles.cost_model import CostModel, Profile
-from agentmars.server.sim.engine_view import KVEngineView
+from agentmars.server.sim.engine_core import KVEngineView
 from agentmars.server.sim.entities import Call, Session
 from agentmars.server.sim.entities import Pin as PinEntity
 from agentmars.server.sim.host_cpu import HostCPU
@@ -152,6 +153,7 @@ class SimEngine(KVEngineView, FollowsTools):
         cpu_tier = self.config.cpu_tier
         if cpu_tier is None:
             cpu_tier = Capability.CPU_TIER in engine_half.needs
+        cpu_tier = cpu_tier and profile.cpu_kv_blocks > 0
         provides = set(Capability) - (set() if cpu_tier else {Capability.CPU_TIER})
         try:
             refuse_unless(policy.name, engine_half.needs, provides, "the simulated engine")
@@ -330,7 +332,7 @@ class SimEngine(KVEngineView, FollowsTools):
             ),
         )
         if session.paused:
-            session.held = call
+            session.held.append(call)
             return
         self._submit(call)
 
@@ -412,15 +414,9 @@ class SimEngine(KVEngineView, FollowsTools):
         step, duration = arg
         self._stepping = False
         self.record.steps += 1
-        for call, tokens in step.batch:
-            if not call.blocks:
-                continue  # preempted during the step (its session was paused)
-            call.num_computed_tokens += tokens
-            call.service_s += duration
-            self.record.computed_tokens += tokens
-            self.kv.cache_full_blocks(call)
-            if call.num_computed_tokens == call.num_tokens:
-                self._add_token(call, 1)
+        self.record.computed_tokens += sum(tokens for call, tokens in step.batch if call.blocks)
+        for call in self.settle(step, duration).produced:
+            self._add_token(call, 1)
         self._after_step()
 
     def _after_step(self) -> None:
@@ -657,20 +653,12 @@ class SimEngine(KVEngineView, FollowsTools):
         self._admit_sessions()
 
     def _pause(self, session: Session) -> None:
-        session.paused = True
-        self.kv.unpin(session.session_id)
-        for call in list(self.scheduler.running):
-            if call.session is session:
-                self.scheduler.preempt(call)
-        for call in list(self.scheduler.waiting):
-            if call.session is session:
-                self.scheduler.waiting.remove(call)
-                session.held = call
+        session.held.extend(self.pause(session))
 
     def _resume(self, session: Session) -> None:
         session.paused = False
-        if session.held is not None:
-            call, session.held = session.held, None
+        held, session.held = session.held, []
+        for call in held:
             self._submit(call)
 
     # --- KV bookkeeping ----------------------------------------------------------------
@@ -698,7 +686,9 @@ class SimEngine(KVEngineView, FollowsTools):
         if self._kv_stats_pending or self._kv_figures() == self._kv_published:
             return
         interval = self.config.kv_stats_interval_s
-        due = max(self.now, (self.now // interval + 1) * interval)
+        # The next sampling instant strictly after now (a count of samples, with a
+        # tolerance, so that exact multiples of the interval are not rounded away).
+        due = (math.floor(self.now / interval + 1e-9) + 1) * interval
         self._kv_stats_pending = True
         self._push(due, _Rank.KV_STATS, self._publish_kv_stats)
 

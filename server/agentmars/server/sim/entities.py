@@ -18,8 +18,8 @@ class Session:
     record: SessionRecord
     turn: int = 0
     paused: bool = False
-    held: Call | None = None
-    """Its next call, waiting at the gateway while the session is paused."""
+    held: list[Call] = field(default_factory=list)
+    """Its calls kept out of the engine while a policy has the session paused."""
     kv_owner: int = 0
     kv_group: int = 0
     shared_blocks: int = 0

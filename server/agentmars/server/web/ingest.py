@@ -45,8 +45,11 @@ class EventHub:
     """Thread-safe store of received events: keeps the latest ``max_events``,
     counts all of them, and hands every accepted batch to its subscribers.
 
-    Subscribers run outside the hub's lock, possibly on several threads at
-    once; one that raises is logged and does not affect ingestion or the others.
+    Subscribers run outside the hub's store lock, on the publishing thread, one
+    batch at a time: a batch reaches every subscriber before the next batch reaches
+    any, so all of them see the stream in the order the hub stored it (a policy half's
+    reaction, published from a subscriber on another thread, never overtakes its
+    cause). One that raises is logged and does not affect ingestion or the others.
     """
 
     def __init__(self, max_events: int = 100_000) -> None:
@@ -57,6 +60,8 @@ class EventHub:
         self._subscribers: tuple[Subscriber, ...] = ()
         self._lock = threading.Lock()
         self._grew = threading.Condition(self._lock)
+        # Reentrant: a subscriber may publish (a half's reaction) on the same thread.
+        self._delivering = threading.RLock()
 
     @property
     def count(self) -> int:
@@ -69,16 +74,17 @@ class EventHub:
             return list(self._events)
 
     def publish(self, events: Sequence[AnyEvent]) -> None:
-        with self._lock:
-            self._events.extend(events)
-            self._count += len(events)
-            subscribers = self._subscribers
-            self._grew.notify_all()
-        for subscriber in subscribers:
-            try:
-                subscriber(events)
-            except Exception:  # one bad consumer must not break ingestion
-                log.exception("agentmars event subscriber %r failed", subscriber)
+        with self._delivering:
+            with self._lock:
+                self._events.extend(events)
+                self._count += len(events)
+                subscribers = self._subscribers
+                self._grew.notify_all()
+            for subscriber in subscribers:
+                try:
+                    subscriber(events)
+                except Exception:  # one bad consumer must not break ingestion
+                    log.exception("agentmars event subscriber %r failed", subscriber)
 
     def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
         """Add a subscriber; returns the function that removes it again."""

@@ -4,35 +4,41 @@ vLLM's Prometheus counters."""
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
+from agentmars.sdk.events import EventError, KVStats, decode_event
 from agentmars.server.engines.vllm.smoke import metric_total
 
 PLUGIN = "agentmars.server.engines.vllm.plugin.AgentmarsScheduler"
 """``--scheduler-cls`` of the agentmars plugin (the CPU backend's synchronous one)."""
 
 
-def kv_status(path: Path, newer_than: float | None = None) -> dict[str, Any]:
-    """The plugin's KV figures, sampled after ``newer_than`` (default: now)."""
+def kv_status(path: Path, newer_than: float | None = None) -> KVStats:
+    """The plugin's KV figures (the ``kv_stats`` event in its status file), sampled
+    after ``newer_than`` (wall-clock seconds; default: now)."""
     newer_than = time.time() if newer_than is None else newer_than
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
-            figures: dict[str, Any] = json.loads(path.read_text())
-            if figures["time"] > newer_than:
+        with contextlib.suppress(OSError, EventError):
+            figures = decode_event(path.read_bytes())
+            assert isinstance(figures, KVStats), figures
+            if figures.wall_ns / 1e9 > newer_than:
                 return figures
         time.sleep(0.02)
     raise AssertionError(f"no fresh KV status in {path}")
 
 
-def released(figures: dict[str, Any], before: dict[str, Any]) -> dict[str, int]:
+def blocks(figures: KVStats) -> tuple[int, int, int]:
+    """Free and pinned blocks, and pins: what most checks compare at once."""
+    return figures.free_blocks, figures.pinned_blocks, figures.pins
+
+
+def released(figures: KVStats, before: KVStats) -> dict[str, int]:
     """Pins released between two status samples, by reason (reasons with none left out)."""
-    counts = {reason: n - before["released"][reason] for reason, n in figures["released"].items()}
+    counts = {reason: n - before.released.get(reason, 0) for reason, n in figures.released.items()}
     return {reason: n for reason, n in counts.items() if n}
 
 

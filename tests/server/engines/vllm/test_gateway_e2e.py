@@ -34,10 +34,12 @@ from agentmars.server.engines.vllm.launch import (
 from agentmars.server.engines.vllm.smoke import model_vocab_size, random_prompt
 from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
-from agentmars.server.policies.interface import EngineView, Policy, SessionView
+from agentmars.server.policies.interface import AdmissionHalf, Policy
+from agentmars.server.policies.views import AdmissionView, SessionView
 from agentmars.server.web.serving import free_loopback_port, serve_in_thread
 from tests.server.engines.vllm.helpers import (
     PLUGIN,
+    blocks,
     engine_metric,
     kv_status,
     labelled_total,
@@ -113,6 +115,10 @@ def engine(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "AGENTMARS_POLICY": "continuum",
         "AGENTMARS_POLICY_SETTINGS": json.dumps({"ttl_s": PIN_TTL_S}),
         "AGENTMARS_KV_STATUS_FILE": str(folder / "kv.json"),
+        # Continuum follows the tools' durations, so it needs the side channel's events;
+        # the gateways here send none (no tool's mean duration is known: every TTL is
+        # PIN_TTL_S).
+        "AGENTMARS_HINTS_ADDR": f"ipc://{folder / 'hints.sock'}",
         "VLLM_SERVER_DEV_MODE": "1",  # serves POST /reset_prefix_cache
     }
     engine = Engine(config, env, folder)
@@ -132,8 +138,7 @@ def vocab_size(engine: Engine) -> int:
 def fresh(engine: Engine) -> Engine:
     """The engine with an empty prefix cache and no pins (a reset releases them)."""
     assert httpx.post(f"{engine.url}/reset_prefix_cache", timeout=TIMEOUT_S).status_code == 200
-    figures = kv_status(engine.status)
-    assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
+    assert blocks(kv_status(engine.status)) == (USABLE_BLOCKS, 0, 0)
     return engine
 
 
@@ -153,16 +158,25 @@ def gateway(
         yield client, app
 
 
+class WindowAdmission(AdmissionHalf):
+    def __init__(self, window: int) -> None:
+        self.window = window
+
+    def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:
+        return queue[: max(0, self.window - view.active_sessions)]
+
+
 class Window(Policy):
-    """At most ``window`` sessions admitted at a time, first come first served."""
+    """At most ``window`` sessions admitted at a time, first come first served (at the
+    gateway: the engine half is stock vLLM's)."""
 
     name = "test-window"
 
     def __init__(self, window: int) -> None:
         self.window = window
 
-    def admit(self, queue: Sequence[SessionView], view: EngineView) -> Sequence[SessionView]:
-        return queue[: max(0, self.window - view.active_sessions)]
+    def admission(self) -> WindowAdmission:
+        return WindowAdmission(self.window)
 
 
 # --- requests as an agent sends them ---------------------------------------------------
@@ -279,8 +293,7 @@ def _check_aborted(engine: Engine, client: httpx.Client, finished: float) -> Non
     as cancelled."""
     wait_for_metric(engine.url, "vllm:num_requests_running", 0.0)
     assert engine_metric(engine.url, "vllm:request_success") == finished
-    figures = kv_status(engine.status)
-    assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
+    assert blocks(kv_status(engine.status)) == (USABLE_BLOCKS, 0, 0)
     wait_until(lambda: gateway_metric(client, "agentmars_active_sessions") == 0, "slot freed")
     assert gateway_metric(client, "agentmars_llm_calls_total", status="cancelled") == 1
 
@@ -318,7 +331,7 @@ class TestGatewayOnVllm:
             # A call of no session: the gateway names none to vLLM, so nothing pins it.
             complete(client, agent_call(None, unpinned, 4))
             figures = kv_status(engine.status)
-            assert (figures["pinned"], figures["pins"]) == (CONTEXT_BLOCKS, 1)
+            assert (figures.pinned_blocks, figures.pins) == (CONTEXT_BLOCKS, 1)
             assert released(figures, start) == {}
             for call in range(DISPLACING_CALLS):
                 other = random_prompt(DISPLACING_TOKENS, vocab_size, seed=seed + 10 + call)
@@ -397,7 +410,7 @@ class TestGatewayOnVllm:
         with gateway(engine, Window(1)) as (client, _):
             complete(client, agent_call("leaving", context, 4))
             pinned = kv_status(engine.status)
-            assert (pinned["pinned"], pinned["pins"]) == (1300 // CPU_BLOCK_SIZE, 1)
+            assert (pinned.pinned_blocks, pinned.pins) == (1300 // CPU_BLOCK_SIZE, 1)
             # vLLM counts calls that end by a stop or their length, not aborted ones.
             finished = engine_metric(engine.url, "vllm:request_success")
             tail = random_prompt(20, vocab_size, seed=32)
@@ -410,7 +423,7 @@ class TestGatewayOnVllm:
                     next(chunks)
                 running = kv_status(engine.status)
                 # The running call holds its blocks itself: its session's pin is gone.
-                assert (running["pinned"], running["pins"]) == (0, 0)
+                assert (running.pinned_blocks, running.pins) == (0, 0)
                 assert released(running, pinned) == {"next_call": 1}
             # The 2,000-token call never ran to its end.
             _check_aborted(engine, client, finished)
@@ -426,7 +439,7 @@ class TestGatewayOnVllm:
         context = random_prompt(300, vocab_size, seed=34)
         with gateway(engine, Window(1)) as (client, _):
             complete(client, agent_call("leaving", context, 4))
-            assert kv_status(engine.status)["pins"] == 1
+            assert kv_status(engine.status).pins == 1
             finished = engine_metric(engine.url, "vllm:request_success")
             body, headers = agent_call("leaving", context, 2000, turn=1, follows_tool=True)
             with pytest.raises(httpx.ReadTimeout):
@@ -462,7 +475,7 @@ class TestGatewayOnVllm:
             assert "not valid JSON" in broken.json()["error"]["message"]
             # None of them reached a running call or left a pin.
             assert engine_metric(engine.url, "vllm:num_requests_running") == 0
-            assert kv_status(engine.status)["pins"] == 0
+            assert kv_status(engine.status).pins == 0
 
     @pytest.mark.slow
     def test_engine_down_and_restarting_gets_503_fast_and_the_gateway_recovers(
@@ -491,8 +504,8 @@ class TestGatewayOnVllm:
             assert probes and all(s in (503, 200) and t < 1.0 for s, t in probes), probes
             assert probes[0][0] == 503
             complete(client, call)
-        figures = kv_status(engine.status)
-        assert figures["total"] == USABLE_BLOCKS  # the restarted engine runs the plugin
+        # The restarted engine runs the plugin.
+        assert kv_status(engine.status).total_blocks == USABLE_BLOCKS
 
 
 def _timed_post(client: httpx.Client, call: Call) -> tuple[int, float, str]:

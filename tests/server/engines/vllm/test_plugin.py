@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agentmars.sdk.events import KVStats, decode_event
 from agentmars.server.engines.vllm.kv_status import KVStatusPublisher
 from agentmars.server.engines.vllm.launch import (
     CPU_BLOCK_SIZE,
@@ -34,7 +35,10 @@ from agentmars.server.engines.vllm.plugin_config import (
 from agentmars.server.engines.vllm.preemption import steer_victim
 from agentmars.server.engines.vllm.smoke import metric_total, model_vocab_size, random_prompt
 from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
-from tests.server.engines.vllm.helpers import PLUGIN, kv_status, released
+from agentmars.server.policies.capabilities import Capability
+from agentmars.server.policies.continuum import ContinuumDynamicEngine, ContinuumEngine
+from agentmars.server.policies.interface import EngineHalf
+from tests.server.engines.vllm.helpers import PLUGIN, blocks, kv_status, released
 
 TIMEOUT_S = 120.0
 
@@ -53,8 +57,10 @@ def test_config_defaults_to_fcfs_without_status() -> None:
     config = PluginConfig.from_env({})
     assert (config.policy, dict(config.settings), config.policy_modules) == ("fcfs", {}, ())
     assert (config.status_file, config.status_address, config.status_hz) == (None, None, 10.0)
-    assert config.hints_address is None
-    assert config.make_policy().name == "fcfs"
+    assert (config.hints_address, config.profile) == (None, None)
+    name, half = config.make_engine_half()
+    assert (name, type(half)) == ("fcfs", EngineHalf)
+    assert config.provides() == {Capability.AGENT_INSTANCE}
 
 
 def test_config_reads_policy_settings_modules_and_status() -> None:
@@ -67,17 +73,45 @@ def test_config_reads_policy_settings_modules_and_status() -> None:
             "AGENTMARS_KV_STATUS_ADDR": "tcp://127.0.0.1:5601",
             "AGENTMARS_KV_STATUS_HZ": "20",
             "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints",
+            "AGENTMARS_PROFILE": "cpu-tiny",
         }
     )
     assert config.policy_modules == ("json", "textwrap")
-    assert config.hints_address == "ipc:///tmp/hints"
+    assert (config.hints_address, config.profile) == ("ipc:///tmp/hints", "cpu-tiny")
     assert (config.status_file, config.status_address, config.status_hz) == (
         "/tmp/kv.json",
         "tcp://127.0.0.1:5601",
         20.0,
     )
-    policy = config.make_policy()
-    assert (policy.name, policy.settings()) == ("continuum", {"ttl_s": 5})
+    name, half = config.make_engine_half()
+    assert name == "continuum"
+    assert isinstance(half, ContinuumEngine) and half.ttl_s == 5
+    assert config.provides() == {
+        Capability.AGENT_INSTANCE,
+        Capability.COSTS,
+        Capability.TOOL_FIGURES,
+    }
+    costs = config.costs()
+    assert costs is not None and costs.prefill_time(1000) > 0
+
+
+def test_continuum_dy_gets_its_costs_and_tool_figures() -> None:
+    config = PluginConfig.from_env(
+        {
+            "AGENTMARS_POLICY": "continuum-dy",
+            "AGENTMARS_POLICY_SETTINGS": '{"min_samples": 1}',
+            "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints",
+            "AGENTMARS_PROFILE": "cpu-tiny",
+        }
+    )
+    name, half = config.make_engine_half()
+    assert name == "continuum-dy"
+    assert isinstance(half, ContinuumDynamicEngine) and half.min_samples == 1
+
+
+def test_unknown_profile_is_refused_by_name() -> None:
+    with pytest.raises(PluginConfigError, match="AGENTMARS_PROFILE=no-such-profile"):
+        PluginConfig.from_env({"AGENTMARS_PROFILE": "no-such-profile"}).costs()
 
 
 @pytest.mark.parametrize(
@@ -110,35 +144,54 @@ def test_bad_environment_is_refused_by_name(env: dict[str, str], message: str) -
             {"AGENTMARS_POLICY_MODULES": "agentmars.no_such_module"},
             "cannot import agentmars.no_such_module",
         ),
-        ({"AGENTMARS_POLICY": "infercept"}, "needs a CPU KV tier"),
+        (
+            {"AGENTMARS_POLICY": "infercept", "AGENTMARS_PROFILE": "cpu-tiny"},
+            "cannot run policy 'infercept': it needs cpu-tier, tick,",
+        ),
+        # Continuum's TTL follows the tools' durations: it needs the gateway's events.
+        ({"AGENTMARS_POLICY": "continuum"}, r"it needs tool-figures, .*--plugin-hints-addr"),
+        (
+            {"AGENTMARS_POLICY": "continuum-dy", "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints"},
+            r"it needs costs, .*--profile",
+        ),
+        (
+            {"AGENTMARS_POLICY": "thunderagent", "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints"},
+            "it needs pause, tick,",
+        ),
     ],
 )
 def test_policy_that_cannot_run_is_refused_by_name(env: dict[str, str], message: str) -> None:
     with pytest.raises(PluginConfigError, match=message):
-        PluginConfig.from_env(env).make_policy()
+        PluginConfig.from_env(env).make_engine_half()
 
 
 # --- KV status publishing (file only: ZMQ needs the vLLM env, tested on the engine) -----
+
+
+def _figures(sample: int) -> KVStats:
+    """KV figures numbered by ``steps``."""
+    return KVStats(total_blocks=10, free_blocks=10, used_blocks=0, steps=sample)
 
 
 def test_status_file_is_rewritten_at_the_rate_and_once_more_at_stop(tmp_path: Path) -> None:
     samples = iter(range(1_000_000))
     path = tmp_path / "kv.json"
     publisher = KVStatusPublisher(
-        lambda: {"sample": next(samples)}, path=str(path), address=None, hz=50.0
+        lambda: _figures(next(samples)), path=str(path), address=None, hz=50.0
     )
     time.sleep(0.5)
     publisher.stop()
-    last = json.loads(path.read_text())
+    last = decode_event(path.read_bytes())
+    assert isinstance(last, KVStats) and last.steps is not None
     # About 25 samples in 0.5 s at 50 Hz (a busy machine may lose a few), then the last.
-    assert 15 <= last["sample"] <= 27
+    assert 15 <= last.steps <= 27
     assert not publisher.running
     assert [p.name for p in tmp_path.iterdir()] == ["kv.json"]  # no partial file left
 
 
 def test_status_file_that_cannot_be_written_stops_only_the_file(tmp_path: Path) -> None:
     publisher = KVStatusPublisher(
-        lambda: {}, path=str(tmp_path / "missing" / "kv.json"), address=None, hz=50.0
+        lambda: _figures(0), path=str(tmp_path / "missing" / "kv.json"), address=None, hz=50.0
     )
     time.sleep(0.1)
     assert publisher.running
@@ -185,19 +238,24 @@ TEST_POLICY_MODULE = "agentmars_plugin_test_policies"
 TEST_POLICY = textwrap.dedent(
     '''
     """A policy for the plugin's tests: shortest prompt first, chunks of 128 tokens."""
-    from agentmars.server.policies.interface import Policy
+    from agentmars.server.policies.interface import EngineHalf, Policy
     from agentmars.server.policies.registry import register
+
+
+    class ShortestPromptFirstEngine(EngineHalf):
+        def priority(self, call, view):
+            return (call.prompt_tokens,)
+
+        def chunk(self, call, tokens, fit_tokens, view):
+            return min(tokens, 128)
 
 
     @register
     class ShortestPromptFirst(Policy):
         name = "test-shortest-prompt"
 
-        def priority(self, call, view):
-            return (call.prompt_tokens,)
-
-        def chunk(self, call, tokens, fit_tokens, view):
-            return min(tokens, 128)
+        def engine(self):
+            return ShortestPromptFirstEngine()
     '''
 )
 
@@ -290,10 +348,14 @@ def test_plugin_import_loads_no_more_of_agentmars_than_it_uses(vllm_python: Path
         f"agentmars.server.engines.vllm.{name}"
         for name in ("plugin", "plugin_config", "kv_status", "hints", "pins", "preemption", "views")
     }
-    policies = {f"agentmars.server.policies{name}" for name in ("", ".interface", ".registry")}
+    # The policy contract: the halves, their views, what they need, the event feed.
+    contract = ("", ".interface", ".registry", ".views", ".capabilities", ".feed")
+    policies = {f"agentmars.server.policies{name}" for name in contract}
     server = {module for module in loaded if module.startswith("agentmars.server")}
     tools = {"agentmars.server.policies.tool_activity"}  # the view's tool figures (side channel)
-    assert server == packages | plugin | policies | tools
+    # The cost estimates of AGENTMARS_PROFILE (Capability.COSTS), not the simulator.
+    profiles = {f"agentmars.server.profiles{name}" for name in ("", ".cost_model", ".hardware")}
+    assert server == packages | plugin | policies | tools | profiles
 
 
 class TestOrderingServer:
@@ -317,9 +379,11 @@ class TestOrderingServer:
         one token out, takes ceil(1000 / 128) = 8 steps (vLLM alone: 1)."""
         base_url, status = ordering_server
         with httpx.Client(base_url=base_url, timeout=TIMEOUT_S) as client:
-            before = kv_status(status)
+            before = kv_status(status).steps
             _complete(client, random_prompt(1000, vocab_size, seed=71), 1)
-            assert kv_status(status)["steps"] - before["steps"] == 8
+            after = kv_status(status).steps
+            assert before is not None and after is not None
+            assert after - before == 8
 
     @pytest.mark.slow
     def test_waiting_calls_run_in_the_policy_order(
@@ -392,6 +456,9 @@ def pinning_server(
         "AGENTMARS_POLICY_SETTINGS": json.dumps({"ttl_s": PIN_TTL_S}),
         "AGENTMARS_KV_STATUS_FILE": str(status),
         "AGENTMARS_KV_STATUS_ADDR": f"ipc://{folder / 'kv.sock'}",
+        # Continuum follows the tools' durations, so it needs the gateway's events (none
+        # come here: no tool's mean duration is known, and every TTL is PIN_TTL_S).
+        "AGENTMARS_HINTS_ADDR": f"ipc://{folder / 'hints.sock'}",
         # Serves POST /reset_prefix_cache.
         "VLLM_SERVER_DEV_MODE": "1",
     }
@@ -405,8 +472,7 @@ def kv(pinning_server: tuple[str, Path]) -> Iterator[tuple[httpx.Client, Path]]:
     base_url, status = pinning_server
     with httpx.Client(base_url=base_url, timeout=TIMEOUT_S) as client:
         assert client.post("/reset_prefix_cache").status_code == 200
-        figures = kv_status(status)
-        assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
+        assert blocks(kv_status(status)) == (USABLE_BLOCKS, 0, 0)
         yield client, status
 
 
@@ -431,12 +497,11 @@ SUBSCRIBER = textwrap.dedent(
     socket.connect(sys.argv[1])
     socket.setsockopt(zmq.SUBSCRIBE, b"agentmars.kv")
     socket.setsockopt(zmq.RCVTIMEO, 5000)
-    stamps, figures = [], None
+    stamps, payload = [], b""
     for _ in range(11):
         topic, payload = socket.recv_multipart()
         stamps.append(time.monotonic())
-        figures = json.loads(payload)
-    print(json.dumps({"span_s": stamps[-1] - stamps[0], "figures": figures}))
+    print(json.dumps({"span_s": stamps[-1] - stamps[0], "payload": payload.decode()}))
     """
 )
 
@@ -454,8 +519,7 @@ class TestPinningServer:
         _turn(client, context, "pinned")
         figures = kv_status(status)
         assert released(figures, start) == {}
-        assert (figures["pinned"], figures["pins"]) == (CONTEXT_BLOCKS, 1)
-        assert figures["free"] == USABLE_BLOCKS - CONTEXT_BLOCKS
+        assert blocks(figures) == (USABLE_BLOCKS - CONTEXT_BLOCKS, CONTEXT_BLOCKS, 1)
         _displace(client, vocab_size)
         before = _hits(client)
         _turn(client, context + random_prompt(20, vocab_size, seed=12), "pinned", turn=1)
@@ -466,7 +530,7 @@ class TestPinningServer:
         # A call of no session is never pinned: the same traffic evicts all of its blocks.
         other = random_prompt(CONTEXT_TOKENS, vocab_size, seed=13)
         _turn(client, other, None)
-        assert kv_status(status)["pins"] == 1  # only the pinned session's own
+        assert kv_status(status).pins == 1  # only the pinned session's own
         _displace(client, vocab_size)
         before = _hits(client)
         _turn(client, other + random_prompt(20, vocab_size, seed=14), None)
@@ -480,14 +544,14 @@ class TestPinningServer:
         _turn(client, random_prompt(CONTEXT_TOKENS, vocab_size, seed=21), "expiring")
         pinned_at = time.time()
         pinned = kv_status(status)
-        assert pinned["pins"] == 1
+        assert pinned.pins == 1
         time.sleep(PIN_TTL_S + 0.5)
         # Expiry is checked when vLLM schedules: an idle engine keeps the pin until then.
-        assert kv_status(status)["pins"] == 1
+        assert kv_status(status).pins == 1
         _complete(client, random_prompt(10, vocab_size, seed=22), 1)
         figures = kv_status(status)
-        assert figures["time"] - pinned_at > PIN_TTL_S
-        assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
+        assert figures.wall_ns / 1e9 - pinned_at > PIN_TTL_S
+        assert blocks(figures) == (USABLE_BLOCKS, 0, 0)
         assert released(figures, pinned) == {"expired": 1}
 
     @pytest.mark.slow
@@ -499,12 +563,12 @@ class TestPinningServer:
         client, status = kv
         _turn(client, random_prompt(CONTEXT_TOKENS, vocab_size, seed=31), "squeezed")
         pinned = kv_status(status)
-        assert pinned["free"] == USABLE_BLOCKS - CONTEXT_BLOCKS == 53
+        assert pinned.free_blocks == USABLE_BLOCKS - CONTEXT_BLOCKS == 53
         preemptions = metric_total(client.get("/metrics").text, "vllm:num_preemptions")
         _complete(client, random_prompt(7000, vocab_size, seed=32), 1)
         assert metric_total(client.get("/metrics").text, "vllm:num_preemptions") == preemptions
         figures = kv_status(status)
-        assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
+        assert blocks(figures) == (USABLE_BLOCKS, 0, 0)
         assert released(figures, pinned) == {"pressure": 1}
 
     @pytest.mark.slow
@@ -515,7 +579,7 @@ class TestPinningServer:
         context = random_prompt(CONTEXT_TOKENS, vocab_size, seed=41)
         _turn(client, context, "aborting")
         pinned = kv_status(status)
-        assert pinned["pins"] == 1
+        assert pinned.pins == 1
         body = {
             "model": SERVED_MODEL_NAME,
             "prompt": context + random_prompt(20, vocab_size, seed=42),
@@ -528,13 +592,12 @@ class TestPinningServer:
             next(stream.iter_lines())
             running = kv_status(status)
             # The running call holds the blocks itself now; the pin is gone.
-            assert (running["pinned"], running["pins"]) == (0, 0)
+            assert (running.pinned_blocks, running.pins) == (0, 0)
             assert released(running, pinned) == {"next_call": 1}
         # Leaving the block closed the connection: vLLM aborts the call, which pins nothing
         # (a call that ran to its end would have pinned again).
         _wait_for_metric(str(client.base_url).rstrip("/"), "vllm:num_requests_running", 0.0)
-        figures = kv_status(status)
-        assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
+        assert blocks(kv_status(status)) == (USABLE_BLOCKS, 0, 0)
 
     @pytest.mark.slow
     def test_prefix_cache_reset_releases_pins(
@@ -544,10 +607,10 @@ class TestPinningServer:
         context = random_prompt(CONTEXT_TOKENS, vocab_size, seed=51)
         _turn(client, context, "reset")
         pinned = kv_status(status)
-        assert pinned["pinned"] == CONTEXT_BLOCKS
+        assert pinned.pinned_blocks == CONTEXT_BLOCKS
         assert client.post("/reset_prefix_cache").status_code == 200
         figures = kv_status(status)
-        assert (figures["free"], figures["pinned"], figures["pins"]) == (USABLE_BLOCKS, 0, 0)
+        assert blocks(figures) == (USABLE_BLOCKS, 0, 0)
         assert released(figures, pinned) == {"reset": 1}
         before = _hits(client)
         _turn(client, context, "reset", turn=1)
@@ -569,14 +632,10 @@ class TestPinningServer:
         )
         heard = json.loads(done.stdout)
         assert 0.8 < heard["span_s"] < 1.5
-        figures = heard["figures"]
-        assert (figures["free"], figures["pinned"], figures["used"], figures["pins"]) == (
-            USABLE_BLOCKS,
-            0,
-            0,
-            0,
-        )
-        assert figures["total"] == USABLE_BLOCKS
+        figures = decode_event(heard["payload"])
+        assert isinstance(figures, KVStats) and figures.source == "engine"
+        assert blocks(figures) == (USABLE_BLOCKS, 0, 0)
+        assert (figures.used_blocks, figures.total_blocks) == (0, USABLE_BLOCKS)
 
     @pytest.mark.slow
     def test_preemption_with_the_policy_victim_completes_every_call(
@@ -607,4 +666,4 @@ class TestPinningServer:
         assert answers == {"s61": 2000, "s62": 2000, "s63": 2000}
         assert metric_total(client.get("/metrics").text, "vllm:num_preemptions") > preemptions
         figures = kv_status(status)
-        assert figures["used"] == figures["pinned"] > 0
+        assert figures.used_blocks == figures.pinned_blocks > 0

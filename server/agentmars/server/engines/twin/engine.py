@@ -55,7 +55,7 @@ from agentmars.server.policies.feed import EventFeed
 from agentmars.server.policies.interface import Policy, Publish, Release, SessionAction
 from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
 from agentmars.server.profiles.cost_model import CostModel, Profile
-from agentmars.server.sim.engine_view import KVEngineView
+from agentmars.server.sim.engine_core import KVEngineView
 from agentmars.server.sim.entities import Call, Session
 from agentmars.server.sim.kv_cache import KVCache
 from agentmars.server.sim.scheduler import Scheduler, Step
@@ -421,17 +421,10 @@ class LiveEngine(KVEngineView, FollowsTools):
 
     def _end_step(self, step: Step, duration: float) -> None:
         self.counters.steps += 1
-        for call, tokens in step.batch:
-            if call not in self._streams:
-                continue  # aborted during the step: its blocks are gone already
-            decoding = call.output_tokens and call.num_computed_tokens == call.num_tokens - 1
-            if not decoding:  # as ``Step.shape`` tells prefill from decode
-                self.counters.prompt_tokens += tokens
-            call.num_computed_tokens += tokens
-            call.service_s += duration
-            self.kv.cache_full_blocks(call)
-            if call.num_computed_tokens == call.num_tokens:
-                self._add_token(call)
+        settled = self.settle(step, duration)
+        self.counters.prompt_tokens += settled.prefill_tokens
+        for call in settled.produced:
+            self._add_token(call)
 
     def _add_token(self, call: Call) -> None:
         stream = self._streams[call]
@@ -496,16 +489,7 @@ class LiveEngine(KVEngineView, FollowsTools):
                 self._publish(SessionResume(session_id=action.session_id, source="engine"))
 
     def _pause(self, live: _LiveSession) -> None:
-        session_id = live.session.session_id
-        live.session.paused = True
-        self.kv.unpin(session_id)
-        for call in list(self.scheduler.running):
-            if call.session_id == session_id:
-                self.scheduler.preempt(call)
-        for call in list(self.scheduler.waiting):
-            if call.session_id == session_id:
-                self.scheduler.waiting.remove(call)
-                live.held.append(call)
+        live.held.extend(self.pause(live.session))
 
     def _resume(self, live: _LiveSession) -> None:
         live.session.paused = False

@@ -20,12 +20,22 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, get_args
 
 ReleaseReason = Literal[
-    "next_call", "replaced", "expired", "pressure", "ended", "session_end", "reset", "shutdown"
+    "next_call",
+    "replaced",
+    "expired",
+    "pressure",
+    "ended",
+    "session_end",
+    "policy",
+    "paused",
+    "reset",
+    "shutdown",
 ]
 """Why a pin went: its session's next call got its blocks, a newer pin of the session
 replaced it, its TTL was up, an allocation needed the blocks, its session's call ended
-badly (aborted or failed), the gateway said the session ended (``hints``), the prefix
-cache was reset, the engine shut down."""
+badly (aborted or failed), the gateway said the session ended (``hints``), the policy's
+``tick`` unpinned it, the policy paused its session, the prefix cache was reset, the
+engine shut down."""
 
 
 class BlockPoolLike(Protocol):

@@ -25,6 +25,12 @@ changes:
   ``chunk``.
 - Preemption victim: the policy's ``victim`` is put where vLLM's FCFS preemption takes
   it (``preemption``).
+- Ticks and pauses: a policy's ``tick`` runs at the top of ``schedule()`` when due,
+  and from ``ticker`` while the engine idles (under the scheduler's lock, which
+  ``schedule``, ``update_from_output``, ``add_request`` and ``finish_requests`` hold);
+  a ``pause`` releases the session's pin, preempts its running calls and holds its
+  waiting and arriving ones (``paused``) until ``resume``; the engine publishes
+  ``session_pause`` / ``session_resume`` for the gateway's admission half.
 - The side channel to the gateway: KV figures (a ``kv_stats`` event: free, pinned,
   used, total blocks, pins, releases, steps) published at 10 Hz and the engine half's
   own events as they come (``kv_status``); the stream's events in (``hints``), each
@@ -43,6 +49,7 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -62,14 +69,16 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy  # type: ignore[im
 from vllm.v1.core.sched.scheduler import Scheduler  # type: ignore[import-not-found]  # noqa: E402
 from vllm.v1.request import RequestStatus  # type: ignore[import-not-found]  # noqa: E402
 
-from agentmars.sdk.events import AnyEvent, KVStats  # noqa: E402
+from agentmars.sdk.events import AnyEvent, KVStats, SessionPause, SessionResume  # noqa: E402
 from agentmars.server.engines.vllm.hints import HintInbox  # noqa: E402
 from agentmars.server.engines.vllm.kv_status import KVStatusPublisher  # noqa: E402
+from agentmars.server.engines.vllm.paused import PausedSessions  # noqa: E402
 from agentmars.server.engines.vllm.pins import PinTable  # noqa: E402
 from agentmars.server.engines.vllm.preemption import steer_victim  # noqa: E402
+from agentmars.server.engines.vllm.ticker import IdleTicker  # noqa: E402
 from agentmars.server.engines.vllm.views import SchedulerView, SessionBook, session_of  # noqa: E402
 from agentmars.server.policies.feed import EventFeed  # noqa: E402
-from agentmars.server.policies.interface import EngineHalf, Pin  # noqa: E402
+from agentmars.server.policies.interface import EngineHalf, Pin, SessionAction  # noqa: E402
 from agentmars.server.policies.views import CallView  # noqa: E402
 
 # A child of vLLM's logger, so the plugin's lines go where vLLM's go.
@@ -80,6 +89,11 @@ NORMAL_ENDS = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_
 
 ARRIVAL_ORDER = operator.attrgetter("arrival_time", "request_id")
 """The waiting order under the default ``Policy.priority``."""
+
+HELD_POLL_S = 0.01
+"""How long an engine whose only requests are held for paused sessions waits between
+its (empty) steps (ours: vLLM keeps stepping while it has requests, and the held ones
+count, so that a resume is taken up; this keeps that from spinning a core)."""
 
 MAX_STEPS_IN_FLIGHT = 8
 """Steps scheduled and not yet answered, at most (1 synchronous, 2 asynchronous, more
@@ -115,6 +129,11 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         self._status = self._start_status(config)
         self._hints = HintInbox(config.hints_address) if config.hints_address else None
         self.agentmars_policy.publish = self._publish
+        self._lock = threading.RLock()
+        self._paused = PausedSessions()
+        self._next_tick_s = 0.0
+        interval = self.agentmars_policy.tick_interval_s
+        self._ticker = IdleTicker(interval, self._tick_if_idle) if interval else None
         logger.info("agentmars policy %s %s", self.agentmars_policy_name, dict(config.settings))
 
     def _install_hooks(self) -> None:
@@ -179,17 +198,95 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     # --- scheduling --------------------------------------------------------------------
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        self._take_hints()
-        self.pin_table.release_expired(self.engine_view.now)
-        self._forget_changed_keys()
-        self._order_waiting()
-        output = super().schedule(*args, **kwargs)
-        self.steps += output.total_num_scheduled_tokens > 0
-        self._step_started[id(output)] = time.monotonic()
-        if len(self._step_started) > MAX_STEPS_IN_FLIGHT:
-            # A step whose output never came back (the engine dropped it) is forgotten.
-            del self._step_started[next(iter(self._step_started))]
+        with self._lock:
+            self._take_hints()
+            self.pin_table.release_expired(self.engine_view.now)
+            self._tick_if_due()
+            self._forget_changed_keys()
+            self._order_waiting()
+            output = super().schedule(*args, **kwargs)
+            self.steps += output.total_num_scheduled_tokens > 0
+            self._step_started[id(output)] = time.monotonic()
+            if len(self._step_started) > MAX_STEPS_IN_FLIGHT:
+                # A step whose output never came back (the engine dropped it): forgotten.
+                del self._step_started[next(iter(self._step_started))]
+            only_held = self._paused.requests and not (self.running or self.waiting)
+        if only_held:
+            time.sleep(HELD_POLL_S)
         return output
+
+    def add_request(self, request: Any) -> None:
+        with self._lock:
+            super().add_request(request)
+            session_id = session_of(request)
+            if session_id is not None and session_id in self._paused and request in self.waiting:
+                self.waiting.remove_request(request)
+                self._paused.hold(session_id, [request])
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+        with self._lock:
+            finished = super().finish_requests(request_ids, finished_status)
+            if self._paused:
+                self._paused.forget({request.request_id for request in finished})
+            return finished
+
+    def get_num_unfinished_requests(self) -> int:
+        # Held requests count: vLLM keeps stepping, so a resume is taken up at once.
+        return int(super().get_num_unfinished_requests()) + self._paused.requests
+
+    # --- ticks and pauses ---------------------------------------------------------------
+
+    def _tick_if_due(self) -> None:
+        interval = self.agentmars_policy.tick_interval_s
+        if interval is None:
+            return
+        now = time.monotonic()
+        if interval and now < self._next_tick_s:
+            return
+        self._next_tick_s = now + interval
+        self._apply(self.agentmars_policy.tick(self.engine_view))
+
+    def _tick_if_idle(self) -> None:
+        """The idle ticker's call (its own thread): events, expiries and a due tick,
+        when vLLM has nothing running or waiting (else ``schedule()`` does it)."""
+        with self._lock:
+            if not (self.running or self.waiting):
+                self._take_hints()
+                self.pin_table.release_expired(self.engine_view.now)
+                self._tick_if_due()
+
+    def _apply(self, actions: Sequence[SessionAction]) -> None:
+        for action in actions:
+            session_id = action.session_id
+            if action.kind == "unpin":
+                self.pin_table.release(session_id, "policy")
+            elif action.kind == "pause" and session_id not in self._paused:
+                self._pause(session_id)
+            elif action.kind == "resume" and session_id in self._paused:
+                self._resume(session_id)
+            elif action.kind == "offload":
+                # Only a policy that needs the CPU tier offloads; such a policy is
+                # refused at start.
+                raise AssertionError(f"{self.agentmars_policy_name} offloads without a tier")
+
+    def _pause(self, session_id: str) -> None:
+        self.pin_table.release(session_id, "paused")
+        self._paused.pause(session_id)
+        now = time.monotonic()
+        running = [r for r in self.running if session_of(r) == session_id]
+        for request in running:
+            self.running.remove(request)
+            self._preempt_request(request, now)
+        waiting = [r for r in self.waiting if session_of(r) == session_id]
+        if waiting:
+            self.waiting.remove_requests(waiting)
+        self._paused.hold(session_id, [*running, *waiting])
+        self._publish(SessionPause(session_id=session_id, source="engine"))
+
+    def _resume(self, session_id: str) -> None:
+        for request in self._paused.resume(session_id):
+            self.waiting.add_request(request)
+        self._publish(SessionResume(session_id=session_id, source="engine"))
 
     def _take_hints(self) -> None:
         """The gateway's events since the last step, each boundary once."""
@@ -264,6 +361,10 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         return max(0, min(tokens, chunk))
 
     def update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return self._update_from_output(scheduler_output, *args, **kwargs)
+
+    def _update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         started = self._step_started.pop(id(scheduler_output), None)
         if started is not None:
             # NOTE: a call's service time is the wall time of the steps it was part of
@@ -364,6 +465,8 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         return bool(super().reset_prefix_cache(*args, **kwargs))
 
     def shutdown(self) -> None:
+        if self._ticker is not None:
+            self._ticker.stop()
         released = self.pin_table.release_all("shutdown")
         logger.info("agentmars: released %d pins at shutdown", released)
         if self._status is not None:

@@ -16,10 +16,11 @@ the way in), and the vLLM versions the plugin supports. Imports no vLLM.
   ``agentmars sim --profile`` and ``agentmars calibrate --out`` write): the engine
   half's time estimates (``Capability.COSTS``), for policies that need them.
 
-What the plugin provides a policy's engine half (``policies.capabilities``): ticks,
-the agent instance id, cost estimates with ``AGENTMARS_PROFILE``, and tool figures with
-``AGENTMARS_HINTS_ADDR``. Not (yet): a CPU KV tier, pausing sessions. A policy that
-needs more is refused when vLLM starts, with the message.
+What the plugin provides a policy's engine half (``policies.capabilities``): ticks
+(also while the engine idles), pausing sessions, the agent instance id, cost estimates
+with ``AGENTMARS_PROFILE``, and tool figures with ``AGENTMARS_HINTS_ADDR``. Not: a CPU
+KV tier (vLLM 0.32's CPU backend has no KV offloading). A policy that needs more is
+refused when vLLM starts, with the message.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class PluginConfig:
 
     def provides(self) -> set[Capability]:
         """What the plugin configured so gives a policy's engine half."""
-        provides = {Capability.AGENT_INSTANCE}
+        provides = {Capability.AGENT_INSTANCE, Capability.TICK, Capability.PAUSE}
         if self.profile is not None:
             provides.add(Capability.COSTS)
         if self.hints_address is not None:

@@ -1,11 +1,14 @@
-"""What the two simulated engines share: the engine side of the policy's ``EngineView``
-over the simulator's ``KVCache`` and ``Scheduler``, and the KV half of a finished
-call's and a policy action's outcome. ``SimEngine`` (virtual time) and ``LiveEngine``
-(wall clock) differ only in how time passes and where calls come from."""
+"""What the two engines built on the simulator's mechanism share: the engine side of
+the engine half's ``EngineView`` over the simulator's ``KVCache`` and ``Scheduler``,
+the settlement of a finished step, the KV half of a finished call's outcome, and the
+policy's session actions. ``SimEngine`` (virtual time, ``sim.engine``) and the
+wall-clock twin's ``LiveEngine`` (``engines.twin``) differ only in how time passes,
+where calls come from and where their events go."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from agentmars.server.policies.interface import KVDecision, Offload, Pin
 from agentmars.server.policies.views import CostEstimator
@@ -13,7 +16,16 @@ from agentmars.server.profiles.cost_model import CostModel
 from agentmars.server.sim.entities import Call, Session
 from agentmars.server.sim.entities import Pin as PinEntity
 from agentmars.server.sim.kv_cache import KVCache
-from agentmars.server.sim.scheduler import Scheduler
+from agentmars.server.sim.scheduler import Scheduler, Step
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What a finished step did: the calls whose tokens are all computed now (each
+    gets one more token, in batch order), and the prompt tokens computed."""
+
+    produced: list[Call]
+    prefill_tokens: int
 
 
 class KVEngineView:
@@ -74,6 +86,27 @@ class KVEngineView:
     def blocks_for(self, tokens: int) -> int:
         return self.kv.blocks_for(tokens)
 
+    # --- steps -------------------------------------------------------------------------
+
+    def settle(self, step: Step, duration: float) -> Settled:
+        """The end of a step: each scheduled call's computed tokens catch up, it was
+        served ``duration`` longer, and its full blocks are named for the prefix cache.
+        A call that lost its blocks during the step (aborted, or its session paused)
+        is skipped."""
+        produced = []
+        prefill = 0
+        for call, tokens in step.batch:
+            if not call.blocks:
+                continue
+            if not (call.output_tokens and call.num_computed_tokens == call.num_tokens - 1):
+                prefill += tokens  # as ``Step.shape`` tells prefill from decode
+            call.num_computed_tokens += tokens
+            call.service_s += duration
+            self.kv.cache_full_blocks(call)
+            if call.num_computed_tokens == call.num_tokens:
+                produced.append(call)
+        return Settled(produced, prefill)
+
     # --- the KV half of outcomes ---------------------------------------------------------
 
     def keep_or_free(self, call: Call, decision: KVDecision | None, now: float) -> PinEntity | None:
@@ -92,3 +125,18 @@ class KVEngineView:
         pin = self.kv.unpin(session.session_id)
         if offload and pin is not None:
             self.kv.store_to_cpu(session, pin.blocks)
+
+    def pause(self, session: Session) -> list[Call]:
+        """A policy's ``pause``: the session's pin goes, its running calls are
+        preempted, and its waiting calls leave the engine; returns those calls, which
+        the engine holds until the session is resumed."""
+        session.paused = True
+        session_id = session.session_id
+        self.kv.unpin(session_id)
+        for call in list(self.scheduler.running):
+            if call.session_id == session_id:
+                self.scheduler.preempt(call)
+        held = [call for call in self.scheduler.waiting if call.session_id == session_id]
+        for call in held:
+            self.scheduler.waiting.remove(call)
+        return held
