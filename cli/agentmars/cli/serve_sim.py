@@ -96,7 +96,6 @@ def serve_sim(options: SimServeOptions) -> int:
                 token=options.token,
                 policy=options.policy,
                 block_size=engine.profile.block_size,
-                max_num_seqs=engine.profile.max_num_seqs,
                 kv_source=engine,
             )
             try:

@@ -74,7 +74,6 @@ class GatewayConfig:
     """An admitted session with no LLM call in flight and no tool queued or running
     for this long is let go (docs/gateway.md "Admission")."""
     block_size: int = 16
-    max_num_seqs: int = 256
     tool_cores: int | None = None
     """Cores for tools (None: all of this host's)."""
     kv_source: KVSource | None = None

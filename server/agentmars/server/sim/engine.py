@@ -49,8 +49,6 @@ from agentmars.sdk.events import (
     LLMFirstToken,
     LLMSubmit,
     SessionEnd,
-    SessionPause,
-    SessionResume,
     SessionStart,
     ToolEnd,
     ToolEnqueue,
@@ -274,7 +272,7 @@ class SimEngine(KVEngineView, FollowsTools):
         self.engine_half.on_event(event)
         self.admission.on_event(event)
 
-    def _stamp(self) -> dict[str, Any]:
+    def stamp(self) -> dict[str, Any]:
         ns = round(self.now * 1e9)
         return {"mono_ns": ns, "wall_ns": ns, "source": "sim"}
 
@@ -308,7 +306,7 @@ class SimEngine(KVEngineView, FollowsTools):
             self._sessions[session.session_id] = session
             session.record.admitted_s = self.now
             self._emit(
-                SessionStart(session_id=session.session_id, agent=session.agent, **self._stamp())
+                SessionStart(session_id=session.session_id, agent=session.agent, **self.stamp())
             )
             self._send_call(session)
         self._plan_admission_pass()
@@ -348,7 +346,7 @@ class SimEngine(KVEngineView, FollowsTools):
                 max_tokens=call.max_tokens,
                 follows_tool=call.follows_tool,
                 expects_tool=call.expects_tool,
-                **self._stamp(),
+                **self.stamp(),
             )
         )
         self.scheduler.waiting.append(call)
@@ -364,7 +362,7 @@ class SimEngine(KVEngineView, FollowsTools):
                 session_id=session.session_id,
                 turns=len(session.spec.turns),
                 duration_s=session.record.latency_s,
-                **self._stamp(),
+                **self.stamp(),
             )
         )
         if self._on_progress is not None:
@@ -433,7 +431,7 @@ class SimEngine(KVEngineView, FollowsTools):
                     call_id=call.call_id,
                     turn=call.turn,
                     ttft_s=self.now - call.arrival_s,
-                    **self._stamp(),
+                    **self.stamp(),
                 )
             )
         call.output_tokens += tokens
@@ -533,7 +531,7 @@ class SimEngine(KVEngineView, FollowsTools):
                 freed_blocks=freed,
                 ended_in_tool_call=not last,
                 duration_s=self.now - call.arrival_s,
-                **self._stamp(),
+                **self.stamp(),
             )
         )
         if last:
@@ -553,7 +551,7 @@ class SimEngine(KVEngineView, FollowsTools):
                 call_id=self._tool_call_id(session),
                 turn=session.turn,
                 tool=tool.kind,
-                **self._stamp(),
+                **self.stamp(),
             )
         )
         self.host.advance(self.now)
@@ -573,7 +571,7 @@ class SimEngine(KVEngineView, FollowsTools):
                 active=self.host.active,
                 queued=self.host.queued,
                 exec_ema_s=dict(self.tools.tool_ema_s),
-                **self._stamp(),
+                **self.stamp(),
             )
         )
 
@@ -587,7 +585,7 @@ class SimEngine(KVEngineView, FollowsTools):
                 turn=session.turn,
                 tool=record.kind,
                 queue_wait_s=record.queue_s,
-                **self._stamp(),
+                **self.stamp(),
             )
         )
 
@@ -616,7 +614,7 @@ class SimEngine(KVEngineView, FollowsTools):
                 turn=session.turn,
                 tool=record.kind,
                 duration_s=duration,
-                **self._stamp(),
+                **self.stamp(),
             )
         )
         self._emit_tool_stats()
@@ -638,27 +636,14 @@ class SimEngine(KVEngineView, FollowsTools):
             self._push(self.now + interval, _Rank.TICK, self._on_tick)
 
     def _apply(self, actions: Sequence[SessionAction]) -> None:
-        for action in actions:
-            session = self._sessions.get(action.session_id)
-            if session is None:
-                continue
-            if action.kind in ("unpin", "offload"):
-                self.drop_pin(session, offload=action.kind == "offload")
-            elif action.kind == "pause":
-                self._pause(session)
-                self._emit(SessionPause(session_id=session.session_id, **self._stamp()))
-            elif action.kind == "resume":
-                self._resume(session)
-                self._emit(SessionResume(session_id=session.session_id, **self._stamp()))
+        self.apply(actions, self._sessions.get)
         self._admit_sessions()
 
-    def _pause(self, session: Session) -> None:
-        session.held.extend(self.pause(session))
+    def announce(self, event: AnyEvent) -> None:
+        self._emit(event)
 
-    def _resume(self, session: Session) -> None:
-        session.paused = False
-        held, session.held = session.held, []
-        for call in held:
+    def resubmit(self, calls: list[Call]) -> None:
+        for call in calls:
             self._submit(call)
 
     # --- KV bookkeeping ----------------------------------------------------------------
@@ -706,7 +691,7 @@ class SimEngine(KVEngineView, FollowsTools):
                 cpu_total_blocks=self.cpu_total_blocks,
                 cpu_free_blocks=self.cpu_free_blocks,
                 steps=self.record.steps,
-                **self._stamp(),
+                **self.stamp(),
             )
         )
         self._admit_sessions()

@@ -7,10 +7,12 @@ where calls come from and where their events go."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from agentmars.server.policies.interface import KVDecision, Offload, Pin
+from agentmars.sdk.events import AnyEvent, SessionPause, SessionResume
+from agentmars.server.policies.interface import KVDecision, Offload, Pin, SessionAction
 from agentmars.server.policies.views import CostEstimator
 from agentmars.server.profiles.cost_model import CostModel
 from agentmars.server.sim.entities import Call, Session
@@ -126,10 +128,31 @@ class KVEngineView:
         if offload and pin is not None:
             self.kv.store_to_cpu(session, pin.blocks)
 
-    def pause(self, session: Session) -> list[Call]:
-        """A policy's ``pause``: the session's pin goes, its running calls are
-        preempted, and its waiting calls leave the engine; returns those calls, which
-        the engine holds until the session is resumed."""
+    # --- the policy's session actions -------------------------------------------------
+
+    def apply(
+        self, actions: Sequence[SessionAction], find: Callable[[str], Session | None]
+    ) -> None:
+        """Do what a ``tick`` returned to the sessions ``find`` knows (others are gone);
+        a pause or resume is announced on the stream (``announce``)."""
+        for action in actions:
+            session = find(action.session_id)
+            if session is None:
+                continue
+            if action.kind in ("unpin", "offload"):
+                self.drop_pin(session, offload=action.kind == "offload")
+            elif action.kind == "pause":
+                self._pause(session)
+                self.announce(SessionPause(session_id=session.session_id, **self.stamp()))
+            elif action.kind == "resume":
+                session.paused = False
+                held, session.held = session.held, []
+                self.resubmit(held)
+                self.announce(SessionResume(session_id=session.session_id, **self.stamp()))
+
+    def _pause(self, session: Session) -> None:
+        """The session's pin goes, its running calls are preempted, and its waiting
+        calls leave the engine, held (with any it sends meanwhile) until it resumes."""
         session.paused = True
         session_id = session.session_id
         self.kv.unpin(session_id)
@@ -139,4 +162,16 @@ class KVEngineView:
         held = [call for call in self.scheduler.waiting if call.session_id == session_id]
         for call in held:
             self.scheduler.waiting.remove(call)
-        return held
+        session.held.extend(held)
+
+    def announce(self, event: AnyEvent) -> None:
+        """Put an event of the engine's on the stream (each engine's own way)."""
+        raise NotImplementedError
+
+    def stamp(self) -> dict[str, Any]:
+        """The engine's fields of an event it makes (source, times)."""
+        raise NotImplementedError
+
+    def resubmit(self, calls: list[Call]) -> None:
+        """Calls a resumed session's pause held: back into the engine."""
+        raise NotImplementedError

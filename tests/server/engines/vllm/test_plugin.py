@@ -38,6 +38,7 @@ from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.continuum import ContinuumDynamicEngine, ContinuumEngine
 from agentmars.server.policies.interface import EngineHalf
+from agentmars.server.policies.thunderagent import ThunderAgentEngine
 from tests.server.engines.vllm.helpers import PLUGIN, blocks, kv_status, released
 
 TIMEOUT_S = 120.0
@@ -60,7 +61,7 @@ def test_config_defaults_to_fcfs_without_status() -> None:
     assert (config.hints_address, config.profile) == (None, None)
     name, half = config.make_engine_half()
     assert (name, type(half)) == ("fcfs", EngineHalf)
-    assert config.provides() == {Capability.AGENT_INSTANCE}
+    assert config.provides() == {Capability.AGENT_INSTANCE, Capability.TICK, Capability.PAUSE}
 
 
 def test_config_reads_policy_settings_modules_and_status() -> None:
@@ -88,6 +89,8 @@ def test_config_reads_policy_settings_modules_and_status() -> None:
     assert isinstance(half, ContinuumEngine) and half.ttl_s == 5
     assert config.provides() == {
         Capability.AGENT_INSTANCE,
+        Capability.TICK,
+        Capability.PAUSE,
         Capability.COSTS,
         Capability.TOOL_FIGURES,
     }
@@ -95,18 +98,30 @@ def test_config_reads_policy_settings_modules_and_status() -> None:
     assert costs is not None and costs.prefill_time(1000) > 0
 
 
-def test_continuum_dy_gets_its_costs_and_tool_figures() -> None:
-    config = PluginConfig.from_env(
-        {
-            "AGENTMARS_POLICY": "continuum-dy",
-            "AGENTMARS_POLICY_SETTINGS": '{"min_samples": 1}',
-            "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints",
-            "AGENTMARS_PROFILE": "cpu-tiny",
-        }
-    )
-    name, half = config.make_engine_half()
-    assert name == "continuum-dy"
-    assert isinstance(half, ContinuumDynamicEngine) and half.min_samples == 1
+@pytest.mark.parametrize(
+    ("env", "half_type"),
+    [
+        # Costs from the profile, tool figures from the side channel.
+        (
+            {
+                "AGENTMARS_POLICY": "continuum-dy",
+                "AGENTMARS_PROFILE": "cpu-tiny",
+                "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints",
+            },
+            ContinuumDynamicEngine,
+        ),
+        # The plugin ticks and pauses sessions; the tool figures come from the side channel.
+        (
+            {"AGENTMARS_POLICY": "thunderagent", "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints"},
+            ThunderAgentEngine,
+        ),
+    ],
+)
+def test_policy_given_what_it_needs_gets_its_engine_half(
+    env: dict[str, str], half_type: type[EngineHalf]
+) -> None:
+    name, half = PluginConfig.from_env(env).make_engine_half()
+    assert (name, type(half)) == (env["AGENTMARS_POLICY"], half_type)
 
 
 def test_unknown_profile_is_refused_by_name() -> None:
@@ -144,9 +159,10 @@ def test_bad_environment_is_refused_by_name(env: dict[str, str], message: str) -
             {"AGENTMARS_POLICY_MODULES": "agentmars.no_such_module"},
             "cannot import agentmars.no_such_module",
         ),
+        # vLLM 0.32's CPU backend has no KV offloading: no CPU tier, whatever is given.
         (
             {"AGENTMARS_POLICY": "infercept", "AGENTMARS_PROFILE": "cpu-tiny"},
-            "cannot run policy 'infercept': it needs cpu-tier, tick,",
+            "cannot run policy 'infercept': it needs cpu-tier, which",
         ),
         # Continuum's TTL follows the tools' durations: it needs the gateway's events.
         ({"AGENTMARS_POLICY": "continuum"}, r"it needs tool-figures, .*--plugin-hints-addr"),
@@ -155,9 +171,10 @@ def test_bad_environment_is_refused_by_name(env: dict[str, str], message: str) -
             r"it needs costs, .*--profile",
         ),
         (
-            {"AGENTMARS_POLICY": "thunderagent", "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints"},
-            "it needs pause, tick,",
+            {"AGENTMARS_POLICY": "thunderagent-cpu", "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints"},
+            "cannot run policy 'thunderagent-cpu': it needs cpu-tier, which",
         ),
+        ({"AGENTMARS_POLICY": "thunderagent"}, "it needs tool-figures, which"),
     ],
 )
 def test_policy_that_cannot_run_is_refused_by_name(env: dict[str, str], message: str) -> None:
@@ -346,7 +363,17 @@ def test_plugin_import_loads_no_more_of_agentmars_than_it_uses(vllm_python: Path
     packages = {"agentmars.server", "agentmars.server.engines", "agentmars.server.engines.vllm"}
     plugin = {
         f"agentmars.server.engines.vllm.{name}"
-        for name in ("plugin", "plugin_config", "kv_status", "hints", "pins", "preemption", "views")
+        for name in (
+            "plugin",
+            "plugin_config",
+            "kv_status",
+            "hints",
+            "pins",
+            "preemption",
+            "views",
+            "paused",
+            "ticker",
+        )
     }
     # The policy contract: the halves, their views, what they need, the event feed.
     contract = ("", ".interface", ".registry", ".views", ".capabilities", ".feed")

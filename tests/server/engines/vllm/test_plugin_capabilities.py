@@ -1,6 +1,7 @@
 """What the plugin provides a policy's engine half, on the real vLLM CPU engine with the
 tiny model: a half that needs more is refused when vLLM starts (``continuum-dy``
-without a cost profile; ``thunderagent``, which pauses sessions), and ``continuum-dy``
+without a cost profile; ``thunderagent-cpu``, which offloads to a CPU KV tier the
+plugin does not have), and ``continuum-dy``
 with a profile and the side channel serves calls and takes its dynamic TTL, which
 weighs a tool's past durations (the gateway's ``tool_end`` events, through the hints
 socket) against the profile's estimate of the context's prefill time.
@@ -74,8 +75,8 @@ def _config(vllm_python: Path) -> VllmServerConfig:
     [
         # The side channel is there; the cost profile is not.
         ("continuum-dy", "it needs costs, which the vLLM plugin does not provide"),
-        # The plugin cannot pause a session (nor tick), whatever it is given.
-        ("thunderagent", "it needs pause, tick, which the vLLM plugin does not provide"),
+        # The plugin ticks and pauses, but has no CPU KV tier, whatever it is given.
+        ("thunderagent-cpu", "it needs cpu-tier, which the vLLM plugin does not provide"),
     ],
 )
 def test_a_policy_needing_what_the_plugin_lacks_is_refused_at_start(

@@ -37,7 +37,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agentmars.sdk.events import (
@@ -46,8 +46,6 @@ from agentmars.sdk.events import (
     LLMEnd,
     LLMFirstToken,
     LLMSubmit,
-    SessionPause,
-    SessionResume,
 )
 from agentmars.server.metrics.records import CallRecord, SessionRecord
 from agentmars.server.policies.capabilities import Capability, PolicyRefused, refuse_unless
@@ -132,8 +130,6 @@ class _LiveSession:
     """Length and digest of the previous prompt, for the append-only check."""
     calls: int = 0
     in_flight: int = 0
-    held: list[Call] = field(default_factory=list)
-    """Calls kept out of the engine while a policy's ``tick`` has the session paused."""
 
 
 @dataclass(slots=True)
@@ -278,7 +274,7 @@ class LiveEngine(KVEngineView, FollowsTools):
         stream = self._streams[call] = CallStream(call)
         self._emit_submit(call)
         if live.session.paused:
-            live.held.append(call)
+            live.session.held.append(call)
         else:
             self.scheduler.waiting.append(call)
             self._work.set()
@@ -299,7 +295,7 @@ class LiveEngine(KVEngineView, FollowsTools):
                 # The context did not grow from the previous prompt: start it over.
                 old = live.session
                 live.session = self._new_session(session_id, old.agent, old.arrival_s)
-                live.session.paused = old.paused
+                live.session.paused, live.session.held = old.paused, old.held
         live.context_chars, live.context_digest = len(request.prompt), _digest(request.prompt)
         return live
 
@@ -336,8 +332,8 @@ class LiveEngine(KVEngineView, FollowsTools):
         elif call in self.scheduler.waiting:
             self.scheduler.waiting.remove(call)
         live = self._sessions.get(call.session_id)
-        if live is not None and call in live.held:
-            live.held.remove(call)
+        if live is not None and call in live.session.held:
+            live.session.held.remove(call)
         freed = len(call.blocks)
         self.kv.free(call)
         self.kv.unpin(call.session_id)
@@ -475,26 +471,20 @@ class LiveEngine(KVEngineView, FollowsTools):
     # --- policy actions ----------------------------------------------------------------
 
     def _apply(self, actions: Sequence[SessionAction]) -> None:
-        for action in actions:
-            live = self._sessions.get(action.session_id)
-            if live is None:
-                continue
-            if action.kind in ("unpin", "offload"):
-                self.drop_pin(live.session, offload=action.kind == "offload")
-            elif action.kind == "pause":
-                self._pause(live)
-                self._publish(SessionPause(session_id=action.session_id, source="engine"))
-            elif action.kind == "resume":
-                self._resume(live)
-                self._publish(SessionResume(session_id=action.session_id, source="engine"))
+        self.apply(actions, self._session_entity)
 
-    def _pause(self, live: _LiveSession) -> None:
-        live.held.extend(self.pause(live.session))
+    def _session_entity(self, session_id: str) -> Session | None:
+        live = self._sessions.get(session_id)
+        return live.session if live is not None else None
 
-    def _resume(self, live: _LiveSession) -> None:
-        live.session.paused = False
-        self.scheduler.waiting.extend(live.held)
-        live.held.clear()
+    def announce(self, event: AnyEvent) -> None:
+        self._publish(event)
+
+    def stamp(self) -> dict[str, Any]:
+        return {"source": "engine"}
+
+    def resubmit(self, calls: list[Call]) -> None:
+        self.scheduler.waiting.extend(calls)
         self._work.set()
 
     # --- events and KV bookkeeping -------------------------------------------------------

@@ -27,12 +27,14 @@ pinning runs there. The pure parts (the queue) import no vLLM.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -165,6 +167,12 @@ class RunResult:
 # --- the real vLLM scheduler (imports vLLM) ------------------------------------------
 
 
+@functools.cache
+def _sockets() -> tempfile.TemporaryDirectory[str]:
+    """A private folder for the plugin's socket, removed when the process exits."""
+    return tempfile.TemporaryDirectory(prefix="agentmars-bench-")
+
+
 def make_scheduler(name: str, model: Path, shape: SchedulerShape) -> Any:
     """Stock vLLM's ``Scheduler`` (``name == STOCK``) or the plugin's with policy
     ``name``, built as vLLM's own scheduler tests build theirs."""
@@ -197,8 +205,11 @@ def make_scheduler(name: str, model: Path, shape: SchedulerShape) -> Any:
     if name == STOCK:
         cls: Any = Scheduler
     else:
-        # The plugin reads its policy from the engine's environment (plugin_config).
+        # The plugin reads its policy from the engine's environment (plugin_config),
+        # with the side channel agentmars serve gives it (Continuum needs its tool
+        # figures); nothing is sent on it here.
         os.environ["AGENTMARS_POLICY"] = name
+        os.environ["AGENTMARS_HINTS_ADDR"] = f"ipc://{_sockets().name}/hints"
         from agentmars.server.engines.vllm.plugin import AgentmarsScheduler
 
         cls = AgentmarsScheduler

@@ -128,7 +128,8 @@ class RequestCall:
 
     @property
     def service_s(self) -> float:
-        return self._book.service_s.get(self.call_id, 0.0)
+        # Kept by vLLM's request id (the plugin counts steps by it), not the call id.
+        return self._book.service_s.get(str(self.request.request_id), 0.0)
 
     @property
     def follows_tool(self) -> bool:
