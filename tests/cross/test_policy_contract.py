@@ -104,15 +104,9 @@ async def _agents(url: str) -> list[list[str]]:
 def test_every_policy_runs_on_the_twin_behind_the_gateway_or_is_refused_at_start(
     name: str,
 ) -> None:
-    profile = load_profile("cpu-tiny")
+    profile = load_profile("cpu-tiny")  # it has a CPU KV tier: every policy starts
     hub = EventHub()
-    try:
-        engine = LiveEngine(profile, make_policy(name), publish=lambda e: hub.publish([e]))
-    except LiveError as error:
-        # Refused at start, naming what the twin lacks: only a CPU KV tier here.
-        assert Capability.CPU_TIER in make_policy(name).engine().needs
-        assert "cpu-tier" in str(error)
-        return
+    engine = LiveEngine(profile, make_policy(name), publish=lambda e: hub.publish([e]))
     with serve_in_thread(create_live_app(engine)) as engine_url:
         config = GatewayConfig(
             upstream_url=engine_url,
@@ -130,6 +124,16 @@ def test_every_policy_runs_on_the_twin_behind_the_gateway_or_is_refused_at_start
             finishes = asyncio.run(_agents(gateway_url))
     assert finishes == [["length"] * TURNS] * SESSIONS
     assert engine.counters.finished == SESSIONS * TURNS
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_a_twin_without_a_cpu_tier_refuses_at_start_what_needs_one(name: str) -> None:
+    profile = load_profile("cpu-tiny").model_copy(update={"cpu_kv_blocks": 0})
+    if Capability.CPU_TIER not in make_policy(name).engine().needs:
+        LiveEngine(profile, make_policy(name))
+        return
+    with pytest.raises(LiveError, match=r"the wall-clock twin cannot run .* cpu-tier"):
+        LiveEngine(profile, make_policy(name))
 
 
 def test_the_worked_example_in_the_docs_runs_and_its_halves_talk_through_the_stream() -> None:

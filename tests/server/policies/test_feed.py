@@ -47,6 +47,16 @@ def test_a_call_boundary_is_delivered_once_whoever_reports_it_first() -> None:
         assert feed.duplicates == 1
 
 
+def test_a_tool_call_id_seen_again_in_a_later_turn_is_a_new_boundary() -> None:
+    # A model's tool call id ("call_0") can come back in a later turn of one session.
+    feed, delivered = feed_and_log()
+    first = ToolEnd(session_id="s", call_id="call_0", turn=0, tool="bash", source="sdk")
+    again = ToolEnd(session_id="s", call_id="call_0", turn=3, tool="bash", source="sdk")
+    echo = ToolEnd(session_id="s", call_id="call_0", turn=3, tool="bash", source="sandbox")
+    assert [feed(first), feed(again), feed(echo)] == [True, True, False]
+    assert delivered == [first, again]
+
+
 def test_one_calls_other_boundaries_and_other_calls_are_not_duplicates() -> None:
     feed, delivered = feed_and_log()
     events: list[AnyEvent] = [

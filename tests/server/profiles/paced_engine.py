@@ -1,5 +1,5 @@
 """A loopback OpenAI-compatible server whose steps last what a ``FittedCost`` of known
-coefficients says: the wall-clock simulated engine (``sim.live``) on a profile made of
+coefficients says: the wall-clock twin (``engines.twin``) on a profile made of
 those coefficients, under FCFS. Sleeping out the step *is* the modelled work;
 ``agentmars calibrate`` measured against it must recover the coefficients. Run as a
 script for a subprocess server (own GIL, steadier timing)::

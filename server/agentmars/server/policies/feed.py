@@ -3,8 +3,10 @@
 One call's boundaries can reach a host more than once: the SDK posts its ``llm_submit``
 to the gateway, which records its own for the same call; the gateway forwards both
 kinds into the engine, which sees the call itself. They all carry the same call id
-(the SDK's, forwarded in ``vllm_xargs.call_id``), so a boundary is known by (kind,
-session, call) and the first report of it wins, whichever side made it. Events that
+(the SDK's, forwarded in ``vllm_xargs.call_id``) and turn, so a boundary is known by
+(kind, session, turn, call) and the first report of it wins, whichever side made it.
+The turn is part of it because a tool call's id may be the model's, which an agent
+loop can see again in a later turn. Events that
 are not call or session boundaries (``kv_stats``, ``tool_stats``, ``window_update``,
 ``session_pause``...) are known by their ``event_id``, so one that comes back over the
 side channel is not handed over twice either.
@@ -25,7 +27,7 @@ the oldest are forgotten past this many)."""
 def boundary_of(event: AnyEvent) -> Hashable:
     """What makes two reports of the same boundary the same."""
     if isinstance(event, CallEvent):
-        return (event.kind, event.session_id, event.call_id)
+        return (event.kind, event.session_id, event.turn, event.call_id)
     if isinstance(event, SessionStart | SessionEnd):
         return (event.kind, event.session_id)
     return event.event_id

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API of the wall-clock simulated engine (``sim.live``), shaped
+"""The OpenAI-compatible API of the wall-clock twin (``engines.twin.engine``), shaped
 like vLLM's so the gateway sits in front of it unchanged.
 
 Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streamed as SSE in
@@ -23,8 +23,8 @@ Errors carry vLLM's body (``{"error": {"message", "type", "param", "code"}}``): 
 a body that is not a JSON object or a field of the wrong type, and for a prompt the
 context cannot hold (vLLM's message); 404 for another model.
 
-This module is the simulator's one FastAPI part (the web layer over ``sim.live``, which
-imports none); nothing else in ``agentmars.server.sim`` imports it.
+This module is the twin's web layer (``engines.twin.engine`` imports no web framework,
+so the twin's engine installs where the simulator does).
 """
 
 from __future__ import annotations

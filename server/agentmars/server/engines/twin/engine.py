@@ -1,13 +1,15 @@
-"""The simulated engine paced to the wall clock: real requests, modelled GPU.
+"""The wall-clock twin: the simulator's engine paced to the wall clock, real requests
+on a modelled GPU (the third engine of docs/policies.md).
 
 ``SimEngine`` runs a workload in virtual time; ``LiveEngine`` serves calls as they come
-(``live_app`` puts an OpenAI-compatible API on it) with the same mechanism: the
-simulator's ``Scheduler`` makes every decision with the policy (waiting order, chunk,
-victim, pin reclaim), its ``KVCache`` holds the blocks, prefix cache and pins, and the
-profile's cost model says how long each step takes. One step loop (an asyncio task)
-schedules a step, sleeps out its modelled time — sleeping *is* the modelled work here —
-then settles it as ``SimEngine`` does: computed tokens catch up, full blocks are named
-for the prefix cache, and every call whose tokens are all computed gets one more token.
+(``engines.twin.app`` puts an OpenAI-compatible API on it) with the same mechanism: the
+simulator's ``Scheduler`` makes every decision with the policy's engine half (waiting
+order, chunk, victim, pin reclaim), its ``KVCache`` holds the blocks, prefix cache and
+pins, and the profile's cost model says how long each step takes. One step loop (an
+asyncio task) schedules a step, sleeps out its modelled time — sleeping *is* the
+modelled work here — then settles it with ``SimEngine``'s code (``sim.engine_core``):
+computed tokens catch up, full blocks are named for the prefix cache, and every call
+whose tokens are all computed gets one more token.
 A finished call's KV goes where the policy's ``on_call_finished`` says (release, pin
 with an optional TTL, offload to the CPU tier), as in ``SimEngine`` and the vLLM plugin.
 

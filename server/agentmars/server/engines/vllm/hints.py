@@ -3,9 +3,10 @@ into the engine process (tool enqueue / start / end, LLM call events, session en
 a ZMQ PULL socket the plugin binds (``AGENTMARS_HINTS_ADDR``).
 
 A daemon thread receives and decodes them into a queue; the scheduler takes them out
-at the top of its next ``schedule()`` (``drain``), so the policy and the pins are only
-ever touched by the scheduler's own thread. An idle engine does not schedule, so the
-events then wait for the next step, which is before anything is allocated again.
+at the top of its next ``schedule()`` (``drain``), or the idle ticker does for a policy
+with a ``tick`` (under the scheduler's lock), so the policy and the pins are only ever
+touched under that lock. Without a tick an idle engine does not schedule, so the events
+then wait for the next step, which is before anything is allocated again.
 Imports no vLLM (ZMQ is vLLM's dependency, and the gateway's).
 """
 
