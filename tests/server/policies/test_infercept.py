@@ -178,10 +178,27 @@ def test_a_finished_session_is_no_longer_judged() -> None:
     ]
 
 
-def test_the_engine_half_is_judged_at_every_step_with_costs_and_a_cpu_tier() -> None:
+def test_without_a_cpu_tier_nothing_is_swapped_and_the_waste_still_decides() -> None:
+    # No tier: the swap budget is min(budget, cpu_free_blocks = 0) = 0. The discard
+    # and preserve choices stay as the equations say.
+    engine = InferCept().engine()
+    view = EngineData(
+        now=0.0,
+        pins=[PinData("a", blocks=4, tokens=64), PinData("b", blocks=1, tokens=16)],
+        costs=LinearCosts(prefill_s_per_token=0.001, transfer_s_per_block=0.0001),
+    )
+    engine.on_call_finished(call("a", expected_tool_s=100.0), view)  # a long tool
+    engine.on_call_finished(call("b", expected_tool_s=0.001), view)  # a short one
+    # a: preserve 100 s * 64 = 6,400 > discard 0.064 s * 64 = 4.1: discarded (unpin).
+    # b: preserve 0.001 * 16 = 0.016 < discard 0.016 * 16 = 0.256: kept.
+    assert list(engine.tick(view)) == [SessionAction("unpin", "a")]
+
+
+def test_the_engine_half_is_judged_at_every_step_with_costs_and_a_cpu_tier_if_any() -> None:
     engine = InferCept().engine()
     assert engine.tick_interval_s == 0.0
-    assert engine.needs == {Capability.COSTS, Capability.CPU_TIER, Capability.TICK}
+    assert engine.needs == {Capability.COSTS, Capability.TICK}
+    assert engine.uses == {Capability.CPU_TIER}
     assert InferCept().admission().needs == frozenset()
 
 

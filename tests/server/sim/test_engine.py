@@ -143,13 +143,24 @@ def test_workload_longer_than_the_context_limit_is_refused() -> None:
 
 
 def test_policy_that_needs_a_cpu_tier_is_refused_without_one() -> None:
-    with pytest.raises(SimError, match="CPU KV tier"):
+    with pytest.raises(SimError, match="cpu-tier"):
         SimEngine(
             workload(session("a", [(20, 5, None)])),
-            make_policy("autellix"),
-            flat_profile(),
+            make_policy("thunderagent-cpu"),
+            flat_profile(cpu_kv_blocks=64),
             SimConfig(cpu_tier=False),
         )
+
+
+def test_a_policy_that_uses_a_cpu_tier_runs_without_one() -> None:
+    # Autellix swaps a preempted call where there is a tier; here it is recomputed.
+    record = SimEngine(
+        workload(session("a", [(20, 5, None)]), session("b", [(20, 5, None)])),
+        make_policy("autellix"),
+        flat_profile(),
+        SimConfig(cpu_tier=False),
+    ).run()
+    assert len(record.sessions) == 2
 
 
 class Heard(AdmissionHalf, EngineHalf):
@@ -280,7 +291,9 @@ def test_each_half_is_checked_against_what_its_host_provides() -> None:
 def test_a_profile_without_cpu_blocks_provides_no_cpu_tier() -> None:
     # flat_profile() has cpu_kv_blocks=0: there is no tier to swap or offload to.
     with pytest.raises(SimError, match="cpu-tier"):
-        SimEngine(workload(session("a", [(20, 5, None)])), make_policy("autellix"), flat_profile())
+        SimEngine(
+            workload(session("a", [(20, 5, None)])), make_policy("thunderagent-cpu"), flat_profile()
+        )
 
 
 # --- invariants -------------------------------------------------------------------------

@@ -57,7 +57,9 @@ class Autellix(Policy):
 class AutellixEngine(EngineHalf):
     """PLAS inside the engine (``Autellix``'s docstring)."""
 
-    needs = frozenset({Capability.CPU_TIER})
+    # NOTE: ours — without a CPU tier a preempted call is recomputed, as vLLM does; the
+    # queues, the anti-starvation rule and the victim are PLAS's either way.
+    uses = frozenset({Capability.CPU_TIER})
     preempt_by_swap = True
 
     def __init__(self, boundaries_s: tuple[float, ...], beta: float) -> None:

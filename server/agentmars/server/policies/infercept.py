@@ -69,7 +69,11 @@ class InferCeptEngine(EngineHalf):
     """InferCept inside the engine (``InferCept``'s docstring); the tool durations
     are the client's ``expected_tool_s`` (the simulator's oracle)."""
 
-    needs = frozenset({Capability.COSTS, Capability.CPU_TIER, Capability.TICK})
+    needs = frozenset({Capability.COSTS, Capability.TICK})
+    # NOTE: ours — without a CPU tier the swap budget is 0 (``cpu_free_blocks``), so a
+    # paused call is only preserved or discarded, by the same waste equations (the
+    # vLLM CPU backend, whose KV already lives in host memory, has no tier to swap to).
+    uses = frozenset({Capability.CPU_TIER})
     tick_interval_s = 0.0
 
     def __init__(self) -> None:

@@ -85,6 +85,10 @@ class _Half:
     needs: ClassVar[frozenset[Capability]] = frozenset()
     """What the host running this half must provide (``capabilities``); checked at
     start with ``refuse_unless``."""
+    uses: ClassVar[frozenset[Capability]] = frozenset()
+    """What the half uses when its host provides it and does without otherwise (e.g. a
+    CPU tier to swap to: without one, swapping is never the cheapest choice); a host
+    that can provide it on demand does (the simulator's CPU tier)."""
     publish: Publish = staticmethod(_drop)
     """Adds an event to the stream (set by the host that runs the half)."""
 

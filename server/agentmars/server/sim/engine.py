@@ -150,7 +150,7 @@ class SimEngine(KVEngineView, FollowsTools):
         self.engine_half = engine_half = policy.engine()
         cpu_tier = self.config.cpu_tier
         if cpu_tier is None:
-            cpu_tier = Capability.CPU_TIER in engine_half.needs
+            cpu_tier = Capability.CPU_TIER in engine_half.needs | engine_half.uses
         cpu_tier = cpu_tier and profile.cpu_kv_blocks > 0
         provides = set(Capability) - (set() if cpu_tier else {Capability.CPU_TIER})
         try:

@@ -35,8 +35,10 @@ from agentmars.server.engines.vllm.plugin_config import (
 from agentmars.server.engines.vllm.preemption import steer_victim
 from agentmars.server.engines.vllm.smoke import metric_total, model_vocab_size, random_prompt
 from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
+from agentmars.server.policies.autellix import AutellixEngine
 from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.continuum import ContinuumDynamicEngine, ContinuumEngine
+from agentmars.server.policies.infercept import InferCeptEngine
 from agentmars.server.policies.interface import EngineHalf
 from agentmars.server.policies.thunderagent import ThunderAgentEngine
 from tests.server.engines.vllm.helpers import PLUGIN, blocks, kv_status, released
@@ -115,6 +117,10 @@ def test_config_reads_policy_settings_modules_and_status() -> None:
             {"AGENTMARS_POLICY": "thunderagent", "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints"},
             ThunderAgentEngine,
         ),
+        # Costs from the profile, ticks from the plugin; no CPU tier: no swaps.
+        ({"AGENTMARS_POLICY": "infercept", "AGENTMARS_PROFILE": "cpu-tiny"}, InferCeptEngine),
+        # PLAS's order and victims; preempted calls are recomputed, as vLLM does.
+        ({"AGENTMARS_POLICY": "autellix"}, AutellixEngine),
     ],
 )
 def test_policy_given_what_it_needs_gets_its_engine_half(
@@ -159,11 +165,9 @@ def test_bad_environment_is_refused_by_name(env: dict[str, str], message: str) -
             {"AGENTMARS_POLICY_MODULES": "agentmars.no_such_module"},
             "cannot import agentmars.no_such_module",
         ),
-        # vLLM 0.32's CPU backend has no KV offloading: no CPU tier, whatever is given.
-        (
-            {"AGENTMARS_POLICY": "infercept", "AGENTMARS_PROFILE": "cpu-tiny"},
-            "cannot run policy 'infercept': it needs cpu-tier, which",
-        ),
+        # InferCept's waste equations need time estimates (it swaps only where a CPU
+        # tier exists, and vLLM 0.32's CPU backend has none).
+        ({"AGENTMARS_POLICY": "infercept"}, r"cannot run policy 'infercept': it needs costs"),
         # Continuum's TTL follows the tools' durations: it needs the gateway's events.
         ({"AGENTMARS_POLICY": "continuum"}, r"it needs tool-figures, .*--plugin-hints-addr"),
         (

@@ -178,7 +178,7 @@ class LiveEngine(KVEngineView, FollowsTools):
         self.kv = KVCache(
             profile.num_gpu_blocks,
             profile.block_size,
-            profile.cpu_kv_blocks if Capability.CPU_TIER in half.needs else 0,
+            profile.cpu_kv_blocks if Capability.CPU_TIER in half.needs | half.uses else 0,
             self._count_eviction,
             offload_evicted=half.offload_evicted,
         )
