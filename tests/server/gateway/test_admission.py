@@ -113,6 +113,10 @@ async def test_an_idle_session_is_let_go(engine: Engine, make_gateway: GatewayFa
             assert response.status_code == 200
             # "a" idles out 0.3 s after its call; admission passes run every 0.1 s
             assert 0.15 <= time.monotonic() - start < 1.0
+        # The gateway ended "a" itself, and says so on the stream for both halves.
+        ends = [e for e in gw.hub.events() if isinstance(e, SessionEnd)]
+        assert [(e.session_id, e.status, e.source) for e in ends] == [("a", "cancelled", "gateway")]
+        assert "no call or tool for 0.3 s" in (ends[0].error or "")
 
 
 async def test_a_client_leaving_mid_stream_aborts_the_engine_and_frees_the_window(
@@ -133,6 +137,10 @@ async def test_a_client_leaving_mid_stream_aborts_the_engine_and_frees_the_windo
         assert time.monotonic() - start < 0.5  # well before "a"'s stream would have ended
     ends = [e for e in windowed.hub.events() if e.kind == "llm_end"]
     assert [(e.session_id, e.status) for e in ends] == [("a", "cancelled"), ("b", "ok")]
+    # The agent is gone: the gateway ends its session on the stream (the engine's half
+    # then forgets it and releases what it kept for it).
+    over = [e for e in windowed.hub.events() if isinstance(e, SessionEnd)]
+    assert [(e.session_id, e.status, e.source) for e in over] == [("a", "cancelled", "gateway")]
     await asyncio.sleep(0.8)  # past the end "a"'s stream would have had, had it run on
     # the engine started both completions and finished only "b"'s
     chat = "/v1/chat/completions"

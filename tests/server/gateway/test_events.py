@@ -14,6 +14,7 @@ from agentmars.sdk.events import (
     LLMEnd,
     LLMFirstToken,
     LLMSubmit,
+    SessionEnd,
     SessionStart,
     ToolStart,
     decode_event,
@@ -62,10 +63,13 @@ def test_a_whole_response_records_submit_and_end(gateway: Gateway) -> None:
 def test_an_engine_error_ends_the_call_as_an_error(gateway: Gateway) -> None:
     response = httpx.post(f"{gateway.url}/v1/chat/completions", json={"model": MODEL})
     assert response.status_code == 400
-    assert gateway.hub.wait_for_count(2, 2.0)
-    end = gateway.hub.events()[-1]
+    # llm_submit, llm_end, and the session_end of the one-call session the gateway ends.
+    assert gateway.hub.wait_for_count(3, 2.0)
+    submit, end, over = gateway.hub.events()[-3:]
     assert isinstance(end, LLMEnd) and end.status == "error"
     assert "messages" in (end.error or "")
+    assert isinstance(over, SessionEnd) and over.source == "gateway"
+    assert over.session_id == submit.session_id == end.session_id
 
 
 def test_event_ingest_needs_the_token(gateway: Gateway) -> None:

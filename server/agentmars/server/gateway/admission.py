@@ -18,15 +18,18 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
-from agentmars.sdk.events import AnyEvent, ToolEnd, ToolEnqueue, ToolStart
+from agentmars.sdk.events import AnyEvent, SessionEnd, ToolEnd, ToolEnqueue, ToolStart
 from agentmars.server.gateway.call_meta import CallMeta
 from agentmars.server.policies.admission_view import StreamAdmissionView
 from agentmars.server.policies.feed import EventFeed
 from agentmars.server.policies.interface import AdmissionHalf
 from agentmars.server.policies.views import SessionView
+
+SessionStatus = Literal["ok", "error", "cancelled"]
 
 
 @dataclass(slots=True)
@@ -61,11 +64,15 @@ class Admission:
         *,
         policy_name: str = "",
         idle_timeout_s: float = 300.0,
+        publish: Callable[[Sequence[AnyEvent]], None] = lambda events: None,
     ) -> None:
         if not idle_timeout_s > 0 or math.isinf(idle_timeout_s):
             raise ValueError(f"idle_timeout_s must be a finite number > 0, got {idle_timeout_s}")
         self.half = half
         self.policy_name = policy_name
+        self.publish = publish
+        """Puts the ``session_end`` of a session the gateway ends itself on the stream
+        (the hub), so both halves forget it as they forget one the SDK ended."""
         self.view = view
         self.feed = EventFeed(self._deliver)
         self.idle_timeout_s = idle_timeout_s
@@ -95,13 +102,28 @@ class Admission:
             return
         session.in_flight -= 1
         session.last_active_s = time.monotonic()
-        if session_over or session.ephemeral:
-            self.end(session_id)
+        if session_over:
+            self.end(session_id, "cancelled", "the client disconnected")
+        elif session.ephemeral:
+            self.end(session_id, "ok")
 
-    def end(self, session_id: str) -> None:
-        """The session is over: free its place and let the policy admit others."""
-        if self.admitted.pop(session_id, None) is not None:
+    def end(self, session_id: str, status: SessionStatus, error: str | None = None) -> None:
+        """The gateway ends the session: it frees its place, says so on the stream, and
+        lets the policy admit others."""
+        session = self.admitted.pop(session_id, None)
+        if session is not None:
+            self._announce_end(session_id, session, status, error)
             self.admit()
+
+    def _announce_end(
+        self, session_id: str, session: AdmittedSession, status: SessionStatus, error: str | None
+    ) -> None:
+        self.agents.pop(session_id, None)
+        ended = SessionEnd(
+            session_id=session_id, status=status, error=error, turns=session.next_turn,
+            source="gateway",
+        )  # fmt: skip
+        self.publish([ended])
 
     async def _wait_for_admission(self, meta: CallMeta) -> None:
         waiting = next((w for w in self.waiting if w.session_id == meta.session_id), None)
@@ -152,7 +174,8 @@ class Admission:
             idle = session.in_flight == 0 and not self.view.runs_tools(session_id)
             if idle and session.last_active_s < cutoff:
                 del self.admitted[session_id]
-                self.agents.pop(session_id, None)
+                error = f"no call or tool for {self.idle_timeout_s:g} s"
+                self._announce_end(session_id, session, "cancelled", error)
 
     def on_events(self, events: Sequence[AnyEvent]) -> None:
         """Hand each event to the policy and the view, follow the sessions it names,

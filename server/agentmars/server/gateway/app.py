@@ -130,7 +130,13 @@ def _build_gateway(config: GatewayConfig, hub: EventHub, policy: Policy | None) 
         tool_cores=config.tool_cores if config.tool_cores is not None else os.cpu_count() or 1,
         kv_source=kv_source.kv_stats if kv_source is not None else None,
     )
-    admission = Admission(half, view, policy_name=policy.name, idle_timeout_s=config.idle_timeout_s)
+    admission = Admission(
+        half,
+        view,
+        policy_name=policy.name,
+        idle_timeout_s=config.idle_timeout_s,
+        publish=hub.publish,
+    )
     return Gateway(config, hub, admission, GatewayMetrics(admission), link=link)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from agentmars.sdk.events import (
     AnyEvent,
+    LLMEnd,
     LLMFirstToken,
     SessionEnd,
     SessionPause,
@@ -48,9 +49,9 @@ class ThunderAgent(Policy):
     engine publishes each pause and resume; the admission half holds new programs while
     the stream says a program is paused, and fits their prompts into the free KV of
     the newest ``kv_stats`` figures, less the prompts it admitted that have not started
-    yet (no first token: they hold no blocks in the figures). NOTE: ours — the figures
-    are sampled, so a prompt that started since the last sample is counted in neither
-    for that moment."""
+    yet (no first token or end: they hold no blocks in the figures). NOTE: ours — the
+    figures are sampled, so a prompt that started since the last sample is counted in
+    neither for that moment."""
 
     name = "thunderagent"
     variant = "ThunderAgent paper as described by seed 003 (TA), one replica"
@@ -88,7 +89,8 @@ class ThunderAgentAdmission(AdmissionHalf):
         elif isinstance(event, SessionEnd):
             self._paused.discard(event.session_id)
             self._not_started.pop(event.session_id, None)
-        elif isinstance(event, LLMFirstToken):
+        elif isinstance(event, LLMFirstToken | LLMEnd):
+            # A call answered whole has no first token: its end says it ran.
             self._not_started.pop(event.session_id, None)
 
     def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:

@@ -1,19 +1,34 @@
-"""What the real-engine tests share: the tiny model, the plugin's KV status file and
-vLLM's Prometheus counters."""
+"""What the real-engine tests share: the tiny model, the plugin's KV status file,
+vLLM's Prometheus counters, and vLLM with the plugin linked to a gateway by the side
+channel as ``agentmars serve`` links them."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from agentmars.sdk.events import EventError, KVStats, decode_event
+from agentmars.sdk.events import AnyEvent, EventError, KVStats, decode_event
+from agentmars.server.engines.vllm.launch import CPU_BLOCK_SIZE, VllmServerConfig, serve_vllm
 from agentmars.server.engines.vllm.smoke import metric_total
+from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
+from agentmars.server.gateway.app import Gateway, GatewayConfig, create_gateway_app
+from agentmars.server.policies.interface import Policy
+from agentmars.server.web.serving import serve_in_thread
 
 PLUGIN = "agentmars.server.engines.vllm.plugin.AgentmarsScheduler"
 """``--scheduler-cls`` of the agentmars plugin (the CPU backend's synchronous one)."""
+REPO = Path(__file__).resolve().parents[4]
+"""The repository's root: on vLLM's ``PYTHONPATH``, so ``AGENTMARS_POLICY_MODULES`` may
+name a test module (``tests.server.engines.vllm...``) whatever the working directory."""
 
 
 def kv_status(path: Path, newer_than: float | None = None) -> KVStats:
@@ -64,3 +79,152 @@ def wait_for_metric(base_url: str, name: str, value: float, timeout_s: float = 3
             return
         time.sleep(0.05)
     raise AssertionError(f"{name} stayed {seen}, not {value}")
+
+
+def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Wait until ``condition()`` holds (polling every 20 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
+
+
+# --- vLLM and the gateway linked by the side channel ---------------------------------
+
+
+@dataclass(frozen=True)
+class LinkedEngine:
+    """A vLLM server with the plugin, its KV figures published on a ZMQ socket (and
+    written to ``status``) and the gateway's events taken in on another, as ``agentmars
+    serve`` starts it (``AGENTMARS_KV_STATUS_ADDR`` / ``AGENTMARS_HINTS_ADDR``)."""
+
+    url: str
+    folder: Path
+    config: VllmServerConfig
+
+    @property
+    def status(self) -> Path:
+        return self.folder / "kv.json"
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "server.log"
+
+    @property
+    def kv_address(self) -> str:
+        return f"ipc://{self.folder / 'kv.sock'}"
+
+    @property
+    def hints_address(self) -> str:
+        return f"ipc://{self.folder / 'hints.sock'}"
+
+
+@contextlib.contextmanager
+def linked_vllm(
+    python: Path,
+    folder: Path,
+    policy: str,
+    *,
+    settings: Mapping[str, Any] | None = None,
+    modules: Sequence[str] = (),
+    num_blocks: int = 64,
+    max_model_len: int = 4096,
+) -> Iterator[LinkedEngine]:
+    """vLLM (the tiny model, ``num_blocks`` KV blocks of 128 tokens, on core 0) with the
+    plugin running ``policy`` and the side channel's sockets in ``folder``. NOTE:
+    ``--enforce-eager``: no torch.compile at start, which saves ~10 of the ~38 s a start
+    takes on a CI runner; the scheduler, and so the plugin, are the same."""
+    config = VllmServerConfig(
+        python=python,
+        model=tiny_model_made_by(python),
+        max_model_len=max_model_len,
+        num_blocks=num_blocks,
+        # vLLM's compute threads keep to core 0; this process (the gateway, the
+        # clients) has the other (test_gateway_e2e).
+        cores="0",
+        extra_args=("--scheduler-cls", PLUGIN, "--enforce-eager"),
+    )
+    paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {
+        "PYTHONPATH": os.pathsep.join(paths),
+        "AGENTMARS_POLICY": policy,
+        "AGENTMARS_POLICY_SETTINGS": json.dumps(dict(settings or {})),
+        "AGENTMARS_POLICY_MODULES": ",".join(modules),
+        "AGENTMARS_KV_STATUS_FILE": str(folder / "kv.json"),
+        "AGENTMARS_KV_STATUS_ADDR": f"ipc://{folder / 'kv.sock'}",
+        "AGENTMARS_HINTS_ADDR": f"ipc://{folder / 'hints.sock'}",
+    }
+    with serve_vllm(config, folder / "server.log", env=env) as url:
+        yield LinkedEngine(url, folder, config)
+
+
+@contextlib.contextmanager
+def linked_gateway(
+    engine: LinkedEngine,
+    token: str,
+    policy: str,
+    *,
+    admitting: Policy | None = None,
+    **config: Any,
+) -> Iterator[tuple[httpx.Client, Gateway]]:
+    """A gateway in this process in front of ``engine``, linked to its plugin by the
+    side channel (``plugin_kv_address`` / ``plugin_hints_address``, the engine's block
+    size), and a client of it; ``admitting``: a policy object for its admission (else
+    ``policy`` by name, with ``config``'s ``policy_settings``)."""
+    app = create_gateway_app(
+        GatewayConfig(
+            upstream_url=engine.url,
+            token=token,
+            policy=policy,
+            block_size=CPU_BLOCK_SIZE,
+            plugin_kv_address=engine.kv_address,
+            plugin_hints_address=engine.hints_address,
+            **config,
+        ),
+        policy=admitting,
+    )
+    with (
+        serve_in_thread(app) as url,
+        httpx.Client(base_url=url, timeout=120.0) as client,
+    ):
+        yield client, app.state.gateway
+
+
+def post_events(client: httpx.Client, token: str, *events: AnyEvent) -> None:
+    """Post events to the gateway as the SDK's ``HttpSink`` does (JSONL, bearer token)."""
+    response = client.post(
+        "/v1/events",
+        content="".join(event.to_json() + "\n" for event in events),
+        headers={"authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 200, response.text
+
+
+@dataclass
+class Background:
+    """A blocking call run on a thread: its result (or error) once it returned."""
+
+    result: Any = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def join(self, timeout_s: float = 120.0) -> Any:
+        assert self.done.wait(timeout_s), "the background call did not return"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def in_background(call: Callable[[], Any]) -> Background:
+    background = Background()
+
+    def run() -> None:
+        try:
+            background.result = call()
+        except BaseException as error:  # handed to join()
+            background.error = error
+        finally:
+            background.done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return background

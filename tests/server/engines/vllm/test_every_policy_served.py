@@ -1,0 +1,167 @@
+"""Every registered policy through ``agentmars serve --profile cpu-tiny`` (vLLM CPU with
+the agentmars plugin, the gateway in front, linked by the side channel): it serves a
+small multi-session workload, or it is refused at start with a message naming what is
+missing, and only a policy that needs a CPU KV tier is refused; nothing fails later
+(docs/policies.md "Which policy runs where"; ``tests/cross/test_policy_contract.py``
+does the same on the simulator and the twin).
+
+``agentmars serve`` checks the plugin's refusal before it starts vLLM, so a refused
+policy costs no vLLM start; each served one costs one (started with
+``--vllm-arg=--enforce-eager``: the scheduler, and so the plugin, are the same)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentmars.sdk.events import SessionEnd, SessionStart, ToolEnd, ToolEnqueue, ToolStart
+from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME
+from agentmars.server.engines.vllm.smoke import model_vocab_size, random_prompt
+from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
+from agentmars.server.policies.capabilities import Capability
+from agentmars.server.policies.registry import (
+    POLICY_MODULES,
+    make_policy,
+    policy_class,
+    policy_names,
+)
+from agentmars.server.web.serving import free_loopback_port
+from tests.cli.serving import wait_for
+from tests.server.engines.vllm.helpers import labelled_total, post_events
+
+TOKEN = "contract-token"
+SESSIONS = 3
+TURNS = 2
+PROFILE = "cpu-tiny"
+REGISTERED = [name for name in policy_names() if policy_class(name).__module__ in POLICY_MODULES]
+"""The registered policies (the test policies that test modules register left out)."""
+ENGINE_URL = re.compile(r"engine (http://127\.0\.0\.1:\d+)")
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[str]
+    folder: Path
+    port: int
+
+    @property
+    def gateway(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def engine(self) -> str:
+        found = ENGINE_URL.search((self.folder / "serve.out").read_text())
+        assert found, "agentmars serve did not say where vLLM is"
+        return found.group(1)
+
+    @property
+    def vllm_log(self) -> Path:
+        return self.folder / "vllm.log"
+
+    def stderr(self) -> str:
+        return (self.folder / "serve.err").read_text()
+
+
+@pytest.fixture
+def serve(vllm_python: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
+    """``agentmars serve`` with the policy the test is parametrized with, as a user
+    starts it; stopped with SIGTERM (it must exit 0 if it served)."""
+    name = request.node.callspec.params["name"]
+    port = free_loopback_port()
+    with (tmp_path / "serve.out").open("w") as out, (tmp_path / "serve.err").open("w") as err:
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "agentmars.cli.main", "serve",
+                "--model", str(tiny_model_made_by(vllm_python)),
+                "--vllm-python", str(vllm_python), "--policy", name, "--profile", PROFILE,
+                "--port", str(port), "--cores", "0", "--num-blocks", "64",
+                "--max-model-len", "4096", "--log", str(tmp_path / "vllm.log"),
+                # No torch.compile at start: ~10 of each start's ~38 s here.
+                "--vllm-arg=--enforce-eager",
+            ],
+            env={**os.environ, "AGENTMARS_GATEWAY_TOKEN": TOKEN},
+            stdout=out, stderr=err, text=True, start_new_session=True,
+        )  # fmt: skip
+    served = Served(process, tmp_path, port)
+    try:
+        yield served
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=90)
+            assert process.returncode == 0, served.stderr()[-3000:]
+
+
+def _agent(client: httpx.Client, session_id: str, vocab_size: int) -> list[int]:
+    """One agent session through the gateway: two calls (the first answered whole, the
+    second streamed) with a tool between them, its events posted as the SDK posts
+    them; returns the calls' statuses."""
+    post_events(client, TOKEN, SessionStart(session_id=session_id, agent="contract"))
+    seed = sum(map(ord, session_id))
+    prompt = random_prompt(300, vocab_size, seed=seed)
+    statuses = []
+    for turn in range(TURNS):
+        if turn:
+            tool = {"session_id": session_id, "call_id": f"{session_id}-t{turn}", "turn": turn - 1}
+            post_events(
+                client, TOKEN, ToolEnqueue(tool="bash", **tool), ToolStart(tool="bash", **tool)
+            )
+            time.sleep(0.05)  # the tool runs
+            post_events(client, TOKEN, ToolEnd(tool="bash", duration_s=0.05, **tool))
+            prompt = prompt + random_prompt(40, vocab_size, seed=seed + turn)
+        body = {
+            "model": SERVED_MODEL_NAME,
+            "prompt": prompt,
+            "max_tokens": 4,
+            "ignore_eos": True,
+            "stream": turn == TURNS - 1,
+            "vllm_xargs": {"turn": turn, "follows_tool": int(turn > 0), "expects_tool": 1},
+        }
+        headers = {"X-Session-ID": session_id}
+        with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
+            response.read()
+        statuses.append(response.status_code)
+    post_events(client, TOKEN, SessionEnd(session_id=session_id, turns=TURNS))
+    return statuses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", REGISTERED)
+def test_every_policy_serves_behind_the_gateway_or_is_refused_at_start(
+    name: str, serve: Served, vllm_python: Path
+) -> None:
+    needs_cpu_tier = Capability.CPU_TIER in make_policy(name).engine().needs
+    if needs_cpu_tier:
+        # Refused before vLLM starts, naming the missing capability.
+        assert serve.process.wait(timeout=120) == 2
+        message = f"the vLLM plugin cannot run policy {name!r}: it needs cpu-tier"
+        assert message in serve.stderr(), serve.stderr()
+        assert not serve.vllm_log.exists()
+        return
+
+    wait_for(serve.gateway + "/healthz", serve.process, timeout_s=600)
+    vocab_size = model_vocab_size(tiny_model_made_by(vllm_python))
+    with (
+        httpx.Client(base_url=serve.gateway, timeout=120.0) as client,
+        ThreadPoolExecutor(SESSIONS) as agents,
+    ):
+        runs = [agents.submit(_agent, client, f"{name}-s{i}", vocab_size) for i in range(SESSIONS)]
+        assert [run.result(timeout=240) for run in runs] == [[200] * TURNS] * SESSIONS
+        metrics = client.get("/metrics").text
+    assert labelled_total(metrics, "agentmars_llm_calls_total", status="ok") == SESSIONS * TURNS
+    # Nothing failed later: vLLM still answers, and its engine never died.
+    assert httpx.get(serve.engine + "/health", timeout=10.0).status_code == 200
+    log = serve.vllm_log.read_text()
+    assert "EngineDeadError" not in log and "Traceback" not in log, log[-3000:]
+    assert serve.process.poll() is None
