@@ -399,3 +399,32 @@ def _same(a, b) -> bool:
     for x, y in zip(calls_a, calls_b, strict=True):
         assert x[0] == pytest.approx(y[0]) and x[1] == pytest.approx(y[1]) and x[2:] == y[2:]
     return True
+
+
+def test_kv_figures_stay_consistent_when_pins_share_a_prefix() -> None:
+    # Two sessions share a 64-token (4-block) system prompt and both pin their KV
+    # (Continuum) while their tools run: the shared blocks are held by both pins, so
+    # the pins' sum counts them twice. The kv_stats the admission half gets must still
+    # be a valid figure (pinned <= used), as on the real stack.
+    shared = {"prefix_group": "sys", "shared_prefix_tokens": 64}
+    engine = SimEngine(
+        workload(
+            session("a", [(96, 4, 1.0), (16, 4, None)], **shared),
+            session("b", [(96, 4, 1.0), (16, 4, None)], arrival_s=0.01, **shared),
+        ),
+        make_policy("continuum"),
+        flat_profile(),
+    )
+    heard: list[KVStats] = []
+    deliver = engine.admission.on_event
+
+    def keep(event: AnyEvent) -> None:
+        if isinstance(event, KVStats):
+            heard.append(event)
+        deliver(event)
+
+    engine.admission.on_event = keep  # type: ignore[method-assign]
+    record = engine.run()
+    assert len(record.sessions) == 2
+    assert any(stats.pins == 2 for stats in heard)
+    assert all(stats.pinned_blocks <= stats.used_blocks for stats in heard)
