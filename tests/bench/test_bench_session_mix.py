@@ -3,8 +3,11 @@ stream, and the figures (the replay itself needs vLLM and minutes: not a test)."
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 
+import httpx
 import pytest
 
 from agentmars.bench.session_mix import (
@@ -15,6 +18,7 @@ from agentmars.bench.session_mix import (
     SessionResult,
     build_mix,
     ratios,
+    sse_lines,
     stream_token_ids,
     summarize,
 )
@@ -105,3 +109,16 @@ def test_ratios_are_over_the_first_policy() -> None:
     empty = summarize("x", [], {**counters, "prefix_cache_queries": 0}, startup_s=0, replay_s=0)
     assert math.isnan(empty["prefix_cache_hit_rate"])
     assert math.isnan(ratios([empty, other])["continuum"]["session latency mean s"])
+
+
+def test_sse_lines_split_at_newlines_only() -> None:
+    # A generated token's text can hold U+2028, U+0085 or a lone CR, unescaped in the
+    # JSON (a run under thunderagent failed a session on one with aiter_lines).
+    chunk = {"choices": [{"text": "a\u2028b\x85c\rd", "token_ids": [1, 2, 3, 4]}]}
+    body = ("data: " + json.dumps(chunk, ensure_ascii=False) + "\n\ndata: [DONE]\n\n").encode()
+
+    async def read() -> list[int]:
+        response = httpx.Response(200, content=body)
+        return [t async for line in sse_lines(response) for t in stream_token_ids(line)]
+
+    assert asyncio.run(read()) == [1, 2, 3, 4]

@@ -30,7 +30,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,7 +201,7 @@ class Replayer:
         ) as response:
             if response.status_code != 200:
                 raise ValueError(f"{response.status_code}: {(await response.aread())[:300]!r}")
-            async for line in response.aiter_lines():
+            async for line in sse_lines(response):
                 ids = stream_token_ids(line)
                 if ids and ttft is None:
                     ttft = time.monotonic() - sent
@@ -225,6 +225,19 @@ class Replayer:
             headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/x-ndjson"},
         )
         response.raise_for_status()
+
+
+async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The lines of an SSE stream, split at ``\n`` only: a generated token's text may
+    hold U+2028, U+0085 or a lone ``\r`` unescaped (valid in JSON), which
+    ``aiter_lines`` would split a ``data:`` line at."""
+    rest = ""
+    async for text in response.aiter_text():
+        *lines, rest = (rest + text).split("\n")
+        for line in lines:
+            yield line.removesuffix("\r")
+    if rest:
+        yield rest
 
 
 def stream_token_ids(line: str) -> list[int]:
