@@ -542,3 +542,10 @@ def test_random_valid_events_round_trip_unchanged(event: Event) -> None:
 def test_any_negative_count_is_rejected_naming_the_field(field: str, value: int) -> None:
     with pytest.raises(MalformedEvent, match=field):
         decode_event(llm_end(**{field: value}))
+
+
+def test_kv_stats_of_a_pool_derives_used_and_caps_pinned_at_it() -> None:
+    stats = KVStats.of_pool(total=64, free=10, pinned=4, pins=2, source="engine")
+    assert (stats.used_blocks, stats.pinned_blocks, stats.pins) == (54, 4, 2)
+    # Pins that share a prefix count its blocks once each: 70 > 54 held at most.
+    assert KVStats.of_pool(total=64, free=10, pinned=70).pinned_blocks == 54

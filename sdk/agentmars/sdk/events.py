@@ -272,6 +272,21 @@ class KVStats(Event):
     steps: Count | None = None
     """Engine steps that scheduled any token so far, when the engine counts them."""
 
+    @classmethod
+    def of_pool(cls, *, total: int, free: int, pinned: int, **fields: Any) -> KVStats:
+        """Figures read off a block pool: used is the rest of the pool, and the pinned
+        count is capped at it (an engine that counts a block once per pin holding it,
+        as pins sharing a prefix do, or reads its counters while another thread moves
+        them, can count more)."""
+        used = total - free
+        return cls(
+            total_blocks=total,
+            free_blocks=free,
+            used_blocks=used,
+            pinned_blocks=min(pinned, used),
+            **fields,
+        )
+
     @model_validator(mode="after")
     def _blocks_add_up(self) -> KVStats:
         if self.free_blocks + self.used_blocks > self.total_blocks:

@@ -44,7 +44,6 @@ from typing import Any
 
 from agentmars.sdk.events import (
     AnyEvent,
-    KVStats,
     LLMEnd,
     LLMFirstToken,
     LLMSubmit,
@@ -680,23 +679,7 @@ class SimEngine(KVEngineView, FollowsTools):
     def _publish_kv_stats(self, _: None) -> None:
         self._kv_stats_pending = False
         self._kv_published = self._kv_figures()
-        pool = self.kv.pool
-        used = pool.num_blocks - pool.num_free
-        self._emit(
-            KVStats(
-                total_blocks=pool.num_blocks,
-                free_blocks=pool.num_free,
-                used_blocks=used,
-                # A shared prefix's blocks count once per pin that holds them; the
-                # blocks held can be no more than the blocks in use.
-                pinned_blocks=min(self.kv.pinned_blocks, used),
-                pins=len(self.kv.pins),
-                cpu_total_blocks=self.cpu_total_blocks,
-                cpu_free_blocks=self.cpu_free_blocks,
-                steps=self.record.steps,
-                **self.stamp(),
-            )
-        )
+        self._emit(self.pool_stats(self.record.steps, **self.stamp()))
         self._admit_sessions()
 
     def _plan_admission_pass(self) -> None:

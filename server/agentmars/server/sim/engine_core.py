@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentmars.sdk.events import AnyEvent, SessionPause, SessionResume
+from agentmars.sdk.events import AnyEvent, KVStats, SessionPause, SessionResume
 from agentmars.server.policies.interface import KVDecision, Offload, Pin, SessionAction
 from agentmars.server.policies.views import CostEstimator
 from agentmars.server.profiles.cost_model import CostModel
@@ -87,6 +87,19 @@ class KVEngineView:
 
     def blocks_for(self, tokens: int) -> int:
         return self.kv.blocks_for(tokens)
+
+    def pool_stats(self, steps: int, **stamp: Any) -> KVStats:
+        """The block pool, pins and CPU tier now, as the engine reports them."""
+        return KVStats.of_pool(
+            total=self.kv.pool.num_blocks,
+            free=self.kv.pool.num_free,
+            pinned=self.kv.pinned_blocks,
+            pins=len(self.kv.pins),
+            cpu_total_blocks=self.cpu_total_blocks,
+            cpu_free_blocks=self.cpu_free_blocks,
+            steps=steps,
+            **stamp,
+        )
 
     # --- steps -------------------------------------------------------------------------
 

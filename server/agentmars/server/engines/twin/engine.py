@@ -223,18 +223,7 @@ class LiveEngine(KVEngineView, FollowsTools):
     def kv_stats(self) -> KVStats:
         """The block pool now; safe to read from another thread (a snapshot may
         straddle a step)."""
-        total, free = self.kv.pool.num_blocks, self.kv.pool.num_free
-        return KVStats(
-            source="engine",
-            total_blocks=total,
-            free_blocks=free,
-            used_blocks=total - free,
-            pinned_blocks=min(self.kv.pinned_blocks, total - free),
-            pins=len(self.kv.pins),
-            cpu_total_blocks=self.cpu_total_blocks,
-            cpu_free_blocks=self.cpu_free_blocks,
-            steps=self.counters.steps,
-        )
+        return self.pool_stats(self.counters.steps, source="engine")
 
     # --- calls in ----------------------------------------------------------------------
 

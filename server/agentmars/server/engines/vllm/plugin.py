@@ -172,15 +172,12 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     def kv_stats(self) -> KVStats:
         """The block pool now, the pins and their releases by reason
         (``pins.ReleaseReason``), and the steps so far."""
-        total = self.engine_view.total_blocks
-        free = self.engine_view.free_blocks
         pins = self.pin_table
-        return KVStats(
+        return KVStats.of_pool(
+            total=self.engine_view.total_blocks,
+            free=self.engine_view.free_blocks,
+            pinned=pins.pinned_blocks,
             source="engine",
-            total_blocks=total,
-            free_blocks=free,
-            used_blocks=total - free,
-            pinned_blocks=min(pins.pinned_blocks, total - free),
             pins=len(pins),
             released=dict(pins.released),
             steps=self.steps,
