@@ -28,9 +28,11 @@ $(STAMP): pyproject.toml requirements/main.lock scripts/apt-packages.txt
 	$(BIN)/python -m pip install -q -c requirements/main.lock -e ".[all,dev]"
 	touch $@
 
-# The process sandbox's init, built ahead so that no timed run compiles it.
+# The process sandbox's init and seccomp filter, built ahead so that no timed run
+# compiles them.
 env: $(STAMP)
 	$(BIN)/python -m agentmars.sandbox.backends.sandbox_init >/dev/null
+	$(BIN)/python -m agentmars.sandbox.backends.seccomp >/dev/null
 
 lint: env
 	$(BIN)/ruff check .
@@ -52,6 +54,7 @@ demo: env
 bench: env
 	$(BIN)/agentmars bench sdk --json out/bench-sdk.json
 	$(BIN)/agentmars bench sandbox --json out/bench-sandbox.json
+	$(BIN)/agentmars bench admission --json out/bench-admission.json
 
 # Re-resolve the pinned versions after changing dependencies in pyproject.toml.
 lock:

@@ -4,6 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from agentmars.sandbox.config import SandboxConfig, allowed_cores
+from agentmars.sandbox.spec import MAX_OUTPUT_CAP_BYTES
 
 CORES = allowed_cores()
 
@@ -37,6 +38,8 @@ def test_slots_are_dealt_cores_round_robin() -> None:
         ({"default_timeout_s": -1}, "greater than 0"),
         ({"backend": "chroot"}, "'process' or 'docker'"),
         ({"no_such_option": 1}, "Extra inputs are not permitted"),
+        ({"output_cap_bytes": MAX_OUTPUT_CAP_BYTES + 1}, "less than or equal to 16777216"),
+        ({"workspace_quota_mb": 1}, "greater than or equal to 16"),
     ],
 )
 def test_bad_configuration_says_what_to_change(options: dict[str, object], message: str) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -17,10 +19,12 @@ import pytest
 from agentmars.sandbox.client import SandboxClient, SandboxClientError
 from agentmars.sandbox.config import SandboxConfig
 from agentmars.sandbox.pool import SandboxPool
-from agentmars.sandbox.service import create_sandbox_app
-from agentmars.sandbox.spec import ExecSpec
+from agentmars.sandbox.service import MAX_BODY_BYTES, create_sandbox_app
+from agentmars.sandbox.spec import MAX_ARGS, MAX_ENV_VARS, MAX_OUTPUT_CAP_BYTES, ExecSpec
 from agentmars.sdk.emitter import Emitter
+from agentmars.sdk.events import ToolEnd, clock
 from agentmars.sdk.sinks.memory import MemorySink
+from agentmars.sdk.tool_stats import OTHER_TOOLS
 from agentmars.server.web.serving import serve_in_subprocess, serve_in_thread
 
 TOKEN = "sandbox-test-token"
@@ -198,3 +202,151 @@ def test_service_killed_mid_call_fails_the_call_and_leaves_nothing(tmp_path: Pat
     with serve_in_subprocess(command, env=env) as url, SandboxClient(url, TOKEN) as sandbox:
         sandbox.open_session("s1")
         assert sandbox.run("s1", ExecSpec(command=["true"])).status == "ok"
+
+
+# --- bounds on what a client can make the service do (issue 10) ----------------------
+
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def _raw_exchange(url: str, request: bytes, timeout_s: float = 5.0) -> bytes:
+    """Send ``request`` as is on a new connection; what the server answers until it
+    closes (or the timeout: then what came so far)."""
+    host, port = url.removeprefix("http://").split(":")
+    answer = b""
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as connection:
+        connection.sendall(request)
+        with contextlib.suppress(TimeoutError):
+            while chunk := connection.recv(65536):
+                answer += chunk
+    return answer
+
+
+def test_no_token_is_refused_before_the_body_is_read(
+    service: tuple[str, SandboxPool, MemorySink],
+) -> None:
+    url = service[0]
+    # 300 MB announced, none sent: a server that reads the body first never answers.
+    head = (
+        "POST /v1/sessions/s1/exec HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 300000000\r\n\r\n"
+    )
+    answer = _raw_exchange(url, head.encode())
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    assert b"bearer token" in answer
+
+
+def test_a_chunked_body_past_the_limit_gets_413(client: SandboxClient) -> None:
+    client.open_session("s1")
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"command": ["true"], "stdin": "'
+        for _ in range(MAX_BODY_BYTES // 2**20 + 2):
+            yield b"x" * 2**20
+        yield b'"}'
+
+    response = httpx.post(
+        f"{client.base_url}/v1/sessions/s1/exec", content=chunks(), headers=AUTH, timeout=30
+    )
+    assert response.status_code == 413, response.text
+    assert str(MAX_BODY_BYTES) in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"command": ["true"], "timeout_s": NaN}',
+        '{"command": ["true"], "timeout_s": Infinity}',
+        '{"command": ["true"], "timeout_s": -Infinity}',
+        '{"command": ["true"], "timeout_s": 1e400}',
+        '{"command": ["true"], "priority": 1e400}',
+        '{"command": ["true"], "output_cap_bytes": NaN}',
+        '{"command": ["true"], "turn": Infinity}',
+    ],
+)
+def test_non_finite_numbers_get_422(client: SandboxClient, body: str) -> None:
+    client.open_session("s1")
+    response = httpx.post(
+        f"{client.base_url}/v1/sessions/s1/exec",
+        content=body,
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][0] == "body"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_symlink_loop_cwd_gets_400(client: SandboxClient, stream: bool) -> None:
+    workspace = Path(client.open_session("s1"))
+    (workspace / "a").symlink_to("b")
+    (workspace / "b").symlink_to("a")
+    response = httpx.post(
+        f"{client.base_url}/v1/sessions/s1/exec",
+        json={"command": ["pwd"], "cwd": "a", "stream": stream},
+        headers=AUTH,
+    )
+    assert response.status_code == 400, response.text
+    assert response.json() == {"detail": "cwd 'a' is a symlink loop"}
+
+
+def test_delete_removes_a_2000_deep_tree_and_the_id_reopens_empty(client: SandboxClient) -> None:
+    workspace = Path(client.open_session("deep"))
+    deep = "import os\nfor _ in range(2000):\n    os.mkdir('d')\n    os.chdir('d')"
+    assert client.run("deep", ExecSpec(command=[PY, "-c", deep])).status == "ok"
+    client.close_session("deep")
+    assert not workspace.exists()
+    assert Path(client.open_session("deep")) == workspace
+    assert os.listdir(workspace) == []
+
+
+@pytest.mark.parametrize("session_id", ["ok\n", "ok\r", "\nok", "o k"])
+def test_a_session_id_with_a_newline_is_refused(
+    client: SandboxClient, tmp_path: Path, session_id: str
+) -> None:
+    response = httpx.post(
+        f"{client.base_url}/v1/sessions", json={"session_id": session_id}, headers=AUTH
+    )
+    assert response.status_code == 400, response.text
+    assert "invalid session id" in response.json()["detail"]
+    assert [name for name in os.listdir(tmp_path / "ws") if not name.startswith(".")] == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"command": ["true"], "env": {f"V{i}": "1" for i in range(5000)}}, "at most 1024"),
+        ({"command": ["true", *["a"] * MAX_ARGS]}, f"at most {MAX_ARGS}"),
+        ({"command": ["true"], "output_cap_bytes": MAX_OUTPUT_CAP_BYTES + 1}, "less than or"),
+    ],
+)
+def test_specs_past_the_documented_limits_get_422(
+    client: SandboxClient, spec: dict[str, object], message: str
+) -> None:
+    client.open_session("s1")
+    response = httpx.post(f"{client.base_url}/v1/sessions/s1/exec", json=spec, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert message in response.text
+
+
+def test_specs_at_the_limits_run_in_bubblewrap(client: SandboxClient) -> None:
+    client.open_session("s1")
+    env = {f"V{i}": "1" for i in range(MAX_ENV_VARS)}
+    args = [str(i) for i in range(MAX_ARGS - 4)]
+    count = "import os, sys\nprint(len(sys.argv) - 1, sum(n[0] == 'V' for n in os.environ))"
+    result = client.run("s1", ExecSpec(command=[PY, "-c", count, *args], env=env))
+    assert (result.status, result.stdout) == ("ok", f"{len(args)} {MAX_ENV_VARS}\n"), result
+
+
+def test_metrics_stay_bounded_whatever_the_tool_names(
+    service: tuple[str, SandboxPool, MemorySink],
+) -> None:
+    url, pool, _ = service
+    for i in range(1500):
+        start = clock()
+        ids = {"session_id": "s", "call_id": f"c{i}", "tool": f"tool-{i}", "source": "sandbox"}
+        pool.emitter.emit(ToolEnd(**ids, **start, status="ok", duration_s=0.1))
+    metrics = httpx.get(f"{url}/metrics").text
+    assert len(metrics) < 400_000, len(metrics)
+    assert f'tool="{OTHER_TOOLS}"' in metrics
+    assert f'agentmars_sandbox_tool_calls_total{{status="ok",tool="{OTHER_TOOLS}"}} ' in metrics
+    assert 'tool="tool-1499"' not in metrics

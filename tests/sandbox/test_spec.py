@@ -3,7 +3,15 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from agentmars.sandbox.spec import MAX_COMMAND_BYTES, ExecSpec, SandboxError, check_session_id
+from agentmars.sandbox.spec import (
+    MAX_ARGS,
+    MAX_COMMAND_BYTES,
+    MAX_ENV_VARS,
+    MAX_OUTPUT_CAP_BYTES,
+    ExecSpec,
+    SandboxError,
+    check_session_id,
+)
 
 
 @pytest.mark.parametrize(
@@ -20,6 +28,12 @@ from agentmars.sandbox.spec import MAX_COMMAND_BYTES, ExecSpec, SandboxError, ch
         ({"command": ["true"], "env": {"1BAD": "x"}}, "invalid environment variable name"),
         ({"command": ["true"], "output_cap_bytes": -5}, "greater than or equal to 0"),
         ({"command": ["true"], "shell": True}, "Extra inputs"),
+        ({"command": ["true"], "env": {"NAME\n": "x"}}, "invalid environment variable name"),
+        ({"command": ["true"], "env": {f"V{i}": "" for i in range(MAX_ENV_VARS + 1)}}, "at most"),
+        ({"command": ["true"] * (MAX_ARGS + 1)}, f"at most {MAX_ARGS} items"),
+        ({"command": ["true"], "output_cap_bytes": MAX_OUTPUT_CAP_BYTES + 1}, "less than or"),
+        ({"command": ["true"], "timeout_s": float("nan")}, "finite number"),
+        ({"command": ["true"], "timeout_s": float("inf")}, "finite number"),
     ],
 )
 def test_bad_spec_is_rejected_clearly(fields: dict[str, object], message: str) -> None:
@@ -27,7 +41,9 @@ def test_bad_spec_is_rejected_clearly(fields: dict[str, object], message: str) -
         ExecSpec(**fields)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("session_id", ["", "..", "-rf", "a/b", "x" * 129, ".hidden", "a b"])
+@pytest.mark.parametrize(
+    "session_id", ["", "..", "-rf", "a/b", "x" * 129, ".hidden", "a b", "ok\n", "ok\r\n"]
+)
 def test_session_ids_that_could_escape_are_rejected(session_id: str) -> None:
     with pytest.raises(SandboxError, match="invalid session id"):
         check_session_id(session_id)

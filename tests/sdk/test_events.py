@@ -14,6 +14,9 @@ from pydantic import ValidationError
 
 from agentmars.sdk.events import (
     EVENT_KINDS,
+    MAX_COUNT,
+    MAX_NS,
+    MAX_SECONDS,
     SCHEMA_VERSION,
     Event,
     EventError,
@@ -266,6 +269,10 @@ def llm_end(**fields: Any) -> dict[str, Any]:
     return {"v": 1, "kind": "llm_end", "session_id": SID, "call_id": CALL, **fields}
 
 
+def tool_event(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"v": 1, "kind": kind, "session_id": SID, "call_id": CALL, "tool": "t", **fields}
+
+
 def without(data: dict[str, Any], key: str) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k != key}
 
@@ -365,7 +372,41 @@ MALFORMED: list[tuple[str, Any, list[str]]] = [
         ["not valid JSON"],
     ),
     ("deep-nesting", "[" * 100_000 + "]" * 100_000, ["not valid JSON"]),
+    # Past a double's exact integers /metrics could not render the value (issue 10).
+    (
+        "window-past-a-double",
+        '{"v":1,"kind":"window_update","window":1' + "0" * 400 + ',"previous":0}',
+        ["window", "less than or equal to 9007199254740992"],
+    ),
+    ("count-past-2-53", llm_end(prompt_tokens=2**53 + 1), ["prompt_tokens", "less than"]),
+    ("priority-past-2-53", tool_event("tool_enqueue", priority=-(2**53) - 1), ["priority"]),
+    ("exit-status-past-2-53", tool_event("tool_end", exit_status=10**30), ["exit_status"]),
+    ("stamp-past-int64", llm_end(mono_ns=2**63), ["mono_ns", "less than"]),
+    ("duration-past-max", llm_end(duration_s=1e300), ["duration_s", "less than"]),
+    (
+        "float-overflow-literal",
+        '{"v":1,"kind":"llm_end","session_id":"s","call_id":"c","duration_s":1e400}',
+        ["duration_s", "finite"],
+    ),
+    (
+        "too-many-release-reasons",
+        {
+            "v": 1,
+            "kind": "kv_stats",
+            "total_blocks": 1,
+            "free_blocks": 1,
+            "used_blocks": 0,
+            "released": {f"reason-{i}": 1 for i in range(33)},
+        },
+        ["released", "at most 32"],
+    ),
 ]
+
+
+def test_counts_up_to_a_doubles_exact_integers_are_kept() -> None:
+    event = decode_event({**llm_end(), "prompt_tokens": 2**53, "mono_ns": 2**63 - 1})
+    assert isinstance(event, LLMEnd)
+    assert (event.prompt_tokens, event.mono_ns) == (2**53, 2**63 - 1)
 
 
 @pytest.mark.parametrize(
@@ -461,15 +502,16 @@ def test_decode_jsonl_of_an_empty_stream() -> None:
 
 # --- property tests -------------------------------------------------------------------
 
-counts = st.integers(min_value=0, max_value=2**64)
+counts = st.integers(min_value=0, max_value=MAX_COUNT)
 maybe_counts = st.none() | counts
-seconds = st.floats(min_value=0.0, max_value=1e12, allow_nan=False, allow_infinity=False)
+stamps = st.integers(min_value=0, max_value=MAX_NS)
+seconds = st.floats(min_value=0.0, max_value=MAX_SECONDS, allow_nan=False, allow_infinity=False)
 # Any character, with those that trip up JSON escaping and line splitting made common.
 chars = st.characters(codec="utf-8") | st.sampled_from('\n\r\t\x00\x0b\x0c\x1c\x85\u2028\u2029"\\')
 ids = st.text(chars, min_size=1, max_size=256)
 texts = st.none() | st.text(chars, max_size=300)
 sources = st.sampled_from(["sdk", "sandbox", "gateway", "engine", "sim"])
-common = {"event_id": ids, "mono_ns": counts, "wall_ns": counts, "source": sources}
+common = {"event_id": ids, "mono_ns": stamps, "wall_ns": stamps, "source": sources}
 
 
 @st.composite

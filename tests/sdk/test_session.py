@@ -461,6 +461,9 @@ def test_invalid_call_arguments() -> None:
         llm_call("m", projected_prompt_tokens=-1)
     with pytest.raises(ValueError, match="max_tokens"):
         llm_call("m", max_tokens=-1)
+    # past what an event (a JSON double) carries: refused here, not when the event builds
+    with pytest.raises(ValueError, match="max_tokens must be an integer from 0 to"):
+        llm_call("m", max_tokens=2**60)
 
 
 # --- context across threads and nesting ------------------------------------------------

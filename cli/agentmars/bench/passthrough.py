@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import aiohttp
 import httpx
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+
+from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard, guarded_server
 
 JSON = {"content-type": "application/json"}
 Forward = Callable[[bytes], Awaitable[tuple[int, bytes]]]
@@ -78,7 +79,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--client", choices=sorted(CLIENTS), default="aiohttp")
     args = parser.parse_args(argv)
     app = create_passthrough_app(args.upstream, args.client)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    # The gateway's server stack: its guard against big bodies and slow clients too.
+    app.add_middleware(RequestGuard, max_body_bytes=COMPLETION_BODY_BYTES)
+    guarded_server(app, host="127.0.0.1", port=args.port).run()
 
 
 if __name__ == "__main__":

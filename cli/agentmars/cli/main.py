@@ -287,6 +287,27 @@ def bench_sim(
     )
 
 
+@bench_app.command("admission")
+def bench_admission(
+    calls: Annotated[int, typer.Option(min=100, help="Measured calls per row.")] = 2000,
+    policies: Annotated[
+        str | None, typer.Option(help="Comma-separated (default: every registered policy).")
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
+) -> None:
+    """Admission's cost per call at 10, 1,000 and 10,000 idle sessions (target: flat
+    within 2x); exit 1 if a policy's is not."""
+    from agentmars.bench.admission import run
+    from agentmars.server.policies.registry import policy_names
+
+    chosen = [p.strip() for p in policies.split(",")] if policies else None
+    unknown = sorted(set(chosen or ()) - set(policy_names()))
+    if unknown:
+        typer.echo(f"error: unknown policies {unknown}; known: {policy_names()}", err=True)
+        raise typer.Exit(2)
+    raise typer.Exit(0 if run(calls, json_out, chosen)["flat"] else 1)
+
+
 @events_app.command("validate")
 def events_validate(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
@@ -326,6 +347,9 @@ def sandbox_serve(
     ] = None,
     memory_limit_mb: Annotated[int | None, typer.Option(help="Memory per slot.")] = None,
     pids_limit: Annotated[int | None, typer.Option(help="Processes per slot.")] = None,
+    workspace_quota_mb: Annotated[
+        int | None, typer.Option(help="Disk per workspace, MB (default 4096; docs/sandbox.md).")
+    ] = None,
     default_timeout_s: Annotated[
         float | None, typer.Option(help="Time limit when a call sets none.")
     ] = None,
@@ -353,6 +377,7 @@ def sandbox_serve(
             "workspace_root": workspace_root,
             "memory_limit_mb": memory_limit_mb,
             "pids_limit": pids_limit,
+            "workspace_quota_mb": workspace_quota_mb,
             "default_timeout_s": default_timeout_s,
         }
         serve(host=host, port=port, options=options, token_file=token_file, events_url=events_url)
@@ -416,7 +441,14 @@ SimPolicies = Annotated[
 SimProfile = Annotated[str, typer.Option(help="Cost-model profile name or JSON file.")]
 SimSessions = Annotated[int, typer.Option(min=1, help="Sessions per generated workload.")]
 SimSeed = Annotated[int, typer.Option(help="Seed of the workload generator.")]
-SimToolCores = Annotated[int, typer.Option(min=1, help="Host cores for tools.")]
+SimToolCores = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Host cores for tools (default 16: one GPU's share of an 8-GPU server's "
+        "cores; docs/workloads.md).",
+    ),
+]
 SimOut = Annotated[Path, typer.Option(help="Folder for results.json and the report.")]
 SimJobs = Annotated[int, typer.Option(min=1, help="Runs in parallel (worker processes).")]
 SimReport = Annotated[bool, typer.Option(help="Draw the PNG plots and index.html.")]

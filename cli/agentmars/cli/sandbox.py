@@ -66,11 +66,10 @@ def build_config(options: dict[str, Any]) -> Any:
 def serve(
     *, host: str, port: int, options: dict[str, Any], token_file: Path, events_url: str | None
 ) -> None:
-    import uvicorn
-
     from agentmars.sandbox.pool import SandboxPool
     from agentmars.sandbox.service import create_sandbox_app
     from agentmars.sdk.emitter import Emitter
+    from agentmars.sdk.http_guard import guarded_server
     from agentmars.sdk.sinks.http import HttpSink
 
     config = build_config(options)
@@ -85,7 +84,8 @@ def serve(
         f"workspaces={config.workspace_root}"
     )
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        # Slow clients time out: headers (guarded_server), bodies (the app's guard).
+        guarded_server(app, host=host, port=port).run()
     finally:
         emitter.close()
     sys.stdout.flush()

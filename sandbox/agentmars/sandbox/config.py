@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentmars.sandbox.spec import MAX_TIMEOUT_S
+from agentmars.sandbox.spec import MAX_OUTPUT_CAP_BYTES, MAX_TIMEOUT_S
 
 SYSTEM_READONLY_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 """Host paths every sandbox sees read-only (those that exist); everything else of
@@ -47,13 +47,17 @@ class SandboxConfig(BaseModel):
     """Cores the slots are pinned to; default: the allowed cores minus the engine's."""
     workspace_root: Path = Field(default_factory=default_workspace_root)
     """Each session gets ``workspace_root/<session id>``, its only writable place."""
+    workspace_quota_mb: Annotated[int, Field(ge=16)] | None = 4096
+    """Disk space per workspace: each is a file system of this size where the pool runs
+    as root (see ``workspaces.py``); None: no quota."""
     readonly_paths: list[Path] = Field(default_factory=default_readonly_paths)
     memory_limit_mb: Annotated[int, Field(ge=16)] = 2048
     """Per slot (cgroup memory limit; RLIMIT_AS where cgroups are unavailable)."""
     pids_limit: Annotated[int, Field(ge=8)] = 512
     """Processes and threads per slot (cgroup pids limit)."""
     default_timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] = 120.0
-    output_cap_bytes: Annotated[int, Field(ge=0)] = 1024 * 1024
+    output_cap_bytes: Annotated[int, Field(ge=0, le=MAX_OUTPUT_CAP_BYTES)] = 1024 * 1024
+    """Bytes of output kept per stream of a call (see ``ExecSpec.output_cap_bytes``)."""
     exec_ema_alpha: Annotated[float, Field(gt=0, le=1)] = 0.2
     """Weight of the newest sample in the per-tool-kind execution-time EMA (seed 000
     §4.1 names an EMA without a weight; 0.2 is our choice)."""

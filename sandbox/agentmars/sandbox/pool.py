@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Self, TypedDict
@@ -29,6 +29,7 @@ from agentmars.sandbox.spec import (
     UnknownSession,
     check_session_id,
 )
+from agentmars.sandbox.workspaces import WorkspaceError, Workspaces, resolve_cwd
 from agentmars.sdk.emitter import Emitter, default_emitter
 from agentmars.sdk.events import (
     ToolEnd,
@@ -43,12 +44,24 @@ from agentmars.sdk.tool_stats import ToolDurations
 
 log = logging.getLogger("agentmars.sandbox")
 
+CLOSE_GRACE_S = 10.0
+"""How long closing a session waits for its calls to be killed and reaped."""
+
 
 class _CallIds(TypedDict):
     session_id: str
     call_id: str
     turn: int | None
     tool: str
+
+
+@dataclass
+class _Call:
+    """A running or queued call: set ``cancel`` to interrupt it; ``done`` is set when
+    it has ended (its processes are gone)."""
+
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class SandboxPool:
@@ -74,8 +87,10 @@ class SandboxPool:
         self.pressure = ToolPressure(ToolDurations(weight=self.config.exec_ema_alpha))
         self.warnings: list[str] = []
         self._admission = Admission(len(self.slots))
+        self._workspaces = Workspaces(self.config.workspace_root, self.config.workspace_quota_mb)
         self._sessions: dict[str, Path] = {}
-        self._running: dict[tuple[str, str], asyncio.Event] = {}
+        self._closing_sessions: set[str] = set()
+        self._running: dict[tuple[str, str], _Call] = {}
         self._started = False
         self._closed = False
 
@@ -84,21 +99,27 @@ class SandboxPool:
     async def start(self) -> Self:
         if self._started:
             return self
-        self.config.workspace_root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.warnings = await self.backend.start(self.config, self.slots)
+        self.warnings = await asyncio.to_thread(self._workspaces.start)
+        try:
+            self.warnings += await self.backend.start(self.config, self.slots)
+        except BaseException:
+            await asyncio.to_thread(self._workspaces.close)
+            raise
         for warning in self.warnings:
             log.warning("sandbox: %s", warning)
         self._started = True
         return self
 
     async def close(self) -> None:
-        """Interrupt running calls, stop the backend. Workspaces stay on disk."""
+        """Interrupt running calls, stop the backend. Workspaces stay on disk (with a
+        quota, unmounted: their files stay in their images)."""
         if self._closed:
             return
         self._closed = True
-        for cancel in self._running.values():
-            cancel.set()
+        for call in self._running.values():
+            call.cancel.set()
         await self.backend.close()
+        await asyncio.to_thread(self._workspaces.close)
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -114,10 +135,13 @@ class SandboxPool:
     # --- sessions -------------------------------------------------------------------
 
     def open_session(self, session_id: str) -> Path:
-        """Create (or reuse) the session's workspace and return its path."""
+        """Create (or reuse) the session's workspace and return its path. With a disk
+        quota this makes and mounts a file system (some ms): call it from a thread
+        where the event loop must not wait."""
         check_session_id(session_id)
-        workspace = self.config.workspace_root / session_id
-        workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if session_id in self._closing_sessions:
+            raise SandboxError(f"session {session_id!r} is being closed; open it after that")
+        workspace = self._workspaces.open(session_id)
         self._sessions[session_id] = workspace
         return workspace
 
@@ -131,14 +155,42 @@ class SandboxPool:
             ) from None
 
     async def close_session(self, session_id: str, *, remove_workspace: bool = True) -> None:
-        workspace = self.workspace(session_id)
-        for (owner, _), cancel in list(self._running.items()):
-            if owner == session_id:
-                cancel.set()
-        await self.backend.release_session(session_id)
-        del self._sessions[session_id]
-        if remove_workspace:
-            await asyncio.to_thread(shutil.rmtree, workspace, True)
+        """Kill the session's calls, then remove its workspace (or, kept, unmount it),
+        and only then forget the session: if the workspace cannot be removed, this
+        raises ``WorkspaceError`` and the session stays open, so closing it again
+        retries."""
+        self.workspace(session_id)
+        if session_id in self._closing_sessions:
+            raise SandboxError(f"session {session_id!r} is being closed already")
+        self._closing_sessions.add(session_id)
+        try:
+            await self._end_calls(session_id)
+            await self.backend.release_session(session_id)
+            remove = self._workspaces.remove if remove_workspace else self._workspaces.release
+            await asyncio.to_thread(remove, session_id)
+            del self._sessions[session_id]
+        finally:
+            self._closing_sessions.discard(session_id)
+
+    async def _end_calls(self, session_id: str) -> None:
+        calls = [call for (owner, _), call in self._running.items() if owner == session_id]
+        for call in calls:
+            call.cancel.set()
+        ended = [asyncio.ensure_future(call.done.wait()) for call in calls]
+        if ended:
+            _, pending = await asyncio.wait(ended, timeout=CLOSE_GRACE_S)
+            for waiter in pending:
+                waiter.cancel()
+            if pending:
+                raise WorkspaceError(
+                    f"{len(pending)} call(s) of session {session_id!r} did not end within "
+                    f"{CLOSE_GRACE_S:g} s; the session stays open"
+                )
+
+    def check_cwd(self, session_id: str, cwd: str) -> None:
+        """Raise ``SandboxError`` if ``cwd`` is not a directory inside the session's
+        workspace now (the backend checks again when the call starts)."""
+        resolve_cwd(self.workspace(session_id), cwd)
 
     @property
     def sessions(self) -> list[str]:
@@ -161,21 +213,25 @@ class SandboxPool:
         how it ended (a timeout or a kill is a result, not an exception). Raises
         ``SandboxError`` for bad input, an unknown session or a closed pool."""
         job, call_id = self._prepare(session_id, spec, tool, priority, call_id)
-        cancel = asyncio.Event()
         key = (session_id, call_id)
         if key in self._running:
             raise SandboxError(f"call {call_id!r} of session {session_id!r} is already running")
-        self._running[key] = cancel
+        call = self._running[key] = _Call()
         try:
-            return await self._run_admitted(job, tool, priority, call_id, turn, cancel, on_output)
+            return await self._run_admitted(
+                job, tool, priority, call_id, turn, call.cancel, on_output
+            )
         finally:
             del self._running[key]
+            call.done.set()
 
     def _prepare(
         self, session_id: str, spec: ExecSpec, tool: str, priority: int, call_id: str | None
     ) -> tuple[Job, str]:
         if not self._started or self._closed:
             raise SandboxError("the sandbox pool is not running (start it, or it was closed)")
+        if session_id in self._closing_sessions:
+            raise SandboxError(f"session {session_id!r} is being closed")
         try:
             check_id(tool, "tool")
             check_priority(priority)
@@ -303,10 +359,10 @@ class SandboxPool:
 
     async def interrupt(self, session_id: str, call_id: str) -> bool:
         """Kill a running or queued call (its result: ``cancelled``); False if unknown."""
-        cancel = self._running.get((session_id, call_id))
-        if cancel is None:
+        call = self._running.get((session_id, call_id))
+        if call is None:
             return False
-        cancel.set()
+        call.cancel.set()
         return True
 
     # --- telemetry ------------------------------------------------------------------

@@ -1,20 +1,25 @@
 """``agentmars sandbox serve``: the pool over HTTP for agents in other processes.
 
 Binds loopback by default; every endpoint but ``/healthz`` and ``/metrics``
-needs the bearer token. The pool's events (tool enqueue / start / end, tool
-pressure) feed the Prometheus metrics and, optionally, an event collector.
+needs the bearer token, checked before a byte of the body is read; bodies are
+bounded (``MAX_BODY_BYTES``) and timed (``agentmars.sdk.http_guard``). The pool's
+events (tool enqueue / start / end, tool pressure) feed the Prometheus metrics
+and, optionally, an event collector.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -30,12 +35,28 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentmars.sandbox.admission import MAX_PRIORITY, MIN_PRIORITY
 from agentmars.sandbox.backends.base import OutputCallback
 from agentmars.sandbox.pool import SandboxPool
-from agentmars.sandbox.spec import ExecResult, ExecSpec, SandboxError, UnknownSession
-from agentmars.sdk.auth import UNAUTHORISED, bearer_matches, check_token
+from agentmars.sandbox.spec import (
+    MAX_STDIN_BYTES,
+    ExecResult,
+    ExecSpec,
+    SandboxError,
+    UnknownSession,
+)
+from agentmars.sandbox.workspaces import WorkspaceError
+from agentmars.sdk.auth import bearer_matches, check_token
 from agentmars.sdk.events import Event, ToolEnd, ToolStart, new_id
+from agentmars.sdk.http_guard import RequestGuard, Scope
+from agentmars.sdk.tool_stats import ToolKinds
 
 INTERRUPT_GRACE_S = 10.0
 """How long an interrupted call may take to be killed and reaped."""
+MAX_BODY_BYTES = 2 * MAX_STDIN_BYTES + 1024 * 1024
+"""The largest request body: an exec whose stdin is ``MAX_STDIN_BYTES`` of text, as
+JSON (where a newline or quote takes two bytes), with its command. Past it: 413."""
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+"""Paths served without the bearer token."""
+MAX_ECHOED_CHARS = 200
+"""A 422 answer quotes at most this much of an invalid string it names."""
 
 
 class OpenSession(BaseModel):
@@ -58,9 +79,12 @@ class ExecRequest(ExecSpec):
 
 
 class MetricsSink:
-    """Counts finished tool calls and queue waits from the pool's event stream."""
+    """Counts finished tool calls and queue waits from the pool's event stream; tool
+    names past ``MAX_TOOL_KINDS`` share one label, so that a client naming each call
+    differently cannot grow the series without bound."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.kinds = ToolKinds()
         self.calls = Counter(
             "agentmars_sandbox_tool_calls", "Finished tool calls", ["tool", "status"],
             registry=registry,
@@ -77,8 +101,9 @@ class MetricsSink:
         if isinstance(event, ToolStart):
             self.queue_wait.observe(event.queue_wait_s)
         elif isinstance(event, ToolEnd):
-            self.calls.labels(event.tool, event.status).inc()
-            self.duration.labels(event.tool).observe(event.duration_s)
+            tool = self.kinds.kind(event.tool)
+            self.calls.labels(tool, event.status).inc()
+            self.duration.labels(tool).observe(event.duration_s)
 
     def close(self) -> None:
         pass
@@ -105,8 +130,36 @@ class PoolCollector(Collector):
         yield ema
 
 
+def _authorised(scope: Scope, expected: bytes) -> bool:
+    if scope["path"] in OPEN_PATHS:
+        return True
+    headers = dict(scope["headers"])
+    return bearer_matches(headers.get(b"authorization", b"").decode("latin-1"), expected)
+
+
 def _status_for(exc: SandboxError) -> int:
-    return 404 if isinstance(exc, UnknownSession) else 400
+    if isinstance(exc, UnknownSession):
+        return 404
+    return 409 if isinstance(exc, WorkspaceError) else 400
+
+
+def _renderable(value: Any) -> Any:
+    """A validation error's details as JSON can carry them: a non-finite number (NaN,
+    Infinity, or 1e400, which parses as infinity) as its name, a long string cut, and
+    no echo of a whole object or list (the error names the field)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str) and len(value) > MAX_ECHOED_CHARS:
+        return value[:MAX_ECHOED_CHARS] + "..."
+    if isinstance(value, dict):
+        return {k: _renderable(v) for k, v in value.items() if not _is_echoed_container(k, v)}
+    if isinstance(value, list):
+        return [_renderable(item) for item in value]
+    return value
+
+
+def _is_echoed_container(key: str, value: Any) -> bool:
+    return key == "input" and isinstance(value, dict | list)
 
 
 def create_sandbox_app(pool: SandboxPool, token: str) -> FastAPI:
@@ -126,14 +179,22 @@ def create_sandbox_app(pool: SandboxPool, token: str) -> FastAPI:
             await pool.close()
 
     app = FastAPI(title="agentmars sandbox", lifespan=lifespan)
-
-    def authorised(request: Request) -> None:
-        if not bearer_matches(request.headers.get("authorization", ""), expected):
-            raise HTTPException(401, UNAUTHORISED, headers={"WWW-Authenticate": "Bearer"})
+    app.add_middleware(
+        RequestGuard,
+        max_body_bytes=MAX_BODY_BYTES,
+        authorise=lambda scope: _authorised(scope, expected),
+    )
 
     @app.exception_handler(SandboxError)
     async def sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:
         return JSONResponse(status_code=_status_for(exc), content={"detail": str(exc)})
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # NOTE: FastAPI's own handler echoes each invalid input, and a NaN there makes
+        # rendering the answer raise (a 500 instead of the 422).
+        detail = _renderable(jsonable_encoder(exc.errors()))
+        return JSONResponse(status_code=422, content={"detail": detail})
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -143,29 +204,28 @@ def create_sandbox_app(pool: SandboxPool, token: str) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    auth = [Depends(authorised)]
-
-    @app.post("/v1/sessions", status_code=201, dependencies=auth)
+    @app.post("/v1/sessions", status_code=201)
     async def open_session(body: OpenSession) -> dict[str, str]:
-        return {"session_id": body.session_id, "workspace": str(pool.open_session(body.session_id))}
+        workspace = await asyncio.to_thread(pool.open_session, body.session_id)
+        return {"session_id": body.session_id, "workspace": str(workspace)}
 
-    @app.delete("/v1/sessions/{session_id}", status_code=204, dependencies=auth)
+    @app.delete("/v1/sessions/{session_id}", status_code=204)
     async def close_session(session_id: str, keep_workspace: bool = False) -> Response:
         await pool.close_session(session_id, remove_workspace=not keep_workspace)
         return Response(status_code=204)
 
-    @app.post("/v1/sessions/{session_id}/exec", dependencies=auth, response_model=None)
+    @app.post("/v1/sessions/{session_id}/exec", response_model=None)
     async def execute(
         session_id: str, body: ExecRequest, request: Request
     ) -> ExecResult | StreamingResponse:
-        pool.workspace(session_id)  # 404 before anything starts
+        pool.check_cwd(session_id, body.cwd)  # 404 / 400 before anything starts
         if body.stream:
             return StreamingResponse(
                 _stream_exec(pool, session_id, body), media_type="application/x-ndjson"
             )
         return await _exec_until_disconnect(pool, session_id, body, request)
 
-    @app.post("/v1/sessions/{session_id}/calls/{call_id}/interrupt", dependencies=auth)
+    @app.post("/v1/sessions/{session_id}/calls/{call_id}/interrupt")
     async def interrupt(session_id: str, call_id: str) -> dict[str, bool]:
         return {"interrupted": await pool.interrupt(session_id, call_id)}
 

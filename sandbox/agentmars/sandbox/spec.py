@@ -10,10 +10,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 MAX_COMMAND_BYTES = 64 * 1024
 """Upper bound on argv + env + cwd: a command line is not a transport for data
 (stdin is, up to ``MAX_STDIN_BYTES``). Our choice; Linux's own limit is larger."""
+MAX_ARGS = 4096
+"""Arguments in ``command``. With ``MAX_ENV_VARS`` (each two arguments of the sandbox
+init) and the mounts, the sandbox's command line stays well below bubblewrap's limit of
+9,000 arguments, so a valid spec never fails inside bubblewrap."""
+MAX_ENV_VARS = 1024
+"""Variables in ``env`` (our choice; see ``MAX_ARGS``)."""
 MAX_STDIN_BYTES = 16 * 1024 * 1024
 MAX_TIMEOUT_S = 24 * 3600.0
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_OUTPUT_CAP_BYTES = 16 * 1024 * 1024
+"""Largest ``output_cap_bytes``: the pool holds up to this much per stream of a call
+in its own memory, outside the slot's memory cgroup (our choice: 16 MiB of a tool's
+output is more than a model reads)."""
+# NOTE: fullmatch, never match with "$": "$" also matches before a final newline.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 ExecStatus = Literal["ok", "error", "timeout", "killed", "cancelled"]
 TRUNCATION_MARKER = "\n[agentmars: output truncated, {dropped} more bytes not shown]\n"
@@ -30,7 +41,7 @@ class UnknownSession(SandboxError):
 def check_session_id(session_id: str) -> str:
     """Session ids name workspace directories: 1-128 characters of [A-Za-z0-9._-],
     not starting with a dot or dash (so never ``..`` or an option)."""
-    if not isinstance(session_id, str) or not _SESSION_ID.match(session_id):
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
         raise SandboxError(
             f"invalid session id {session_id!r}: use 1-128 characters of letters, digits, "
             "'.', '_' or '-', starting with a letter or digit"
@@ -41,21 +52,21 @@ def check_session_id(session_id: str) -> str:
 class ExecSpec(BaseModel):
     """One command to run in a session's sandbox."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    command: Annotated[list[str], Field(min_length=1)]
+    command: Annotated[list[str], Field(min_length=1, max_length=MAX_ARGS)]
     """argv; run a shell explicitly (``["bash", "-lc", "..."]``) when one is wanted."""
     cwd: str = "."
     """Working directory relative to the session's workspace (must stay inside it)."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Annotated[dict[str, str], Field(max_length=MAX_ENV_VARS)] = Field(default_factory=dict)
     """Variables added to the sandbox's clean environment."""
     stdin: str | None = None
     timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
     """Wall-clock limit; the whole process tree is killed when it passes. None: the
     pool's default."""
-    output_cap_bytes: Annotated[int, Field(ge=0)] | None = None
-    """Bytes kept per stream (stdout, stderr); the rest is counted and dropped.
-    None: the pool's default."""
+    output_cap_bytes: Annotated[int, Field(ge=0, le=MAX_OUTPUT_CAP_BYTES)] | None = None
+    """Bytes kept per stream (stdout, stderr), at most ``MAX_OUTPUT_CAP_BYTES``; the
+    rest is counted and dropped. None: the pool's default."""
 
     @field_validator("command")
     @classmethod
@@ -70,7 +81,7 @@ class ExecSpec(BaseModel):
     @classmethod
     def _env_names_are_valid(cls, env: dict[str, str]) -> dict[str, str]:
         for name, value in env.items():
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"invalid environment variable name {name!r}")
             if "\x00" in value:
                 raise ValueError(f"environment variable {name} contains a NUL byte")

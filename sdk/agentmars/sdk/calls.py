@@ -17,12 +17,14 @@ from contextvars import ContextVar, Token
 from typing import Any, Literal, Self
 
 from agentmars.sdk.events import (
+    MAX_COUNT,
     LLMEnd,
     LLMFirstToken,
     LLMSubmit,
     ToolEnd,
     ToolEnqueue,
     ToolStart,
+    as_count,
     check_id,
     clock,
 )
@@ -111,13 +113,6 @@ def _ns_to_s(ns: int) -> float:
     return max(ns, 0) / 1e9
 
 
-def _count(value: Any) -> int | None:
-    """A token count reported by a provider, or None if it is not a usable one."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
 _COUNT_FIELDS = ("prompt_tokens", "cached_tokens", "output_tokens")
 
 
@@ -141,10 +136,10 @@ class LLMCall(Scope):
         expects_tool: bool = False,
         session: Session | None = None,
     ) -> None:
-        if projected_prompt_tokens is not None and projected_prompt_tokens < 0:
-            raise ValueError("projected_prompt_tokens must be >= 0")
-        if max_tokens is not None and max_tokens < 0:
-            raise ValueError("max_tokens must be >= 0")
+        for name, value in (("projected_prompt_tokens", projected_prompt_tokens),
+                            ("max_tokens", max_tokens)):  # fmt: skip
+            if value is not None and as_count(value) is None:
+                raise ValueError(f"{name} must be an integer from 0 to {MAX_COUNT}")
         self.model = model
         self.operation = operation
         self.stream = stream
@@ -240,7 +235,7 @@ class LLMCall(Scope):
             "ended_in_tool_call": ended_in_tool_call,
         }
         for name in _COUNT_FIELDS:
-            if given[name] is not None and _count(given[name]) is None:
+            if given[name] is not None and as_count(given[name]) is None:
                 raise ValueError(f"{name} must be an integer >= 0, got {given[name]!r}")
         if finish_reason is not None and not isinstance(finish_reason, str):
             raise ValueError(f"finish_reason must be a string, got {finish_reason!r}")
@@ -256,9 +251,9 @@ class LLMCall(Scope):
         usage = read_field(response, "usage")
         if usage is not None:
             self.record_usage(
-                prompt_tokens=_count(read_field(usage, "prompt_tokens")),
-                output_tokens=_count(read_field(usage, "completion_tokens")),
-                cached_tokens=_count(
+                prompt_tokens=as_count(read_field(usage, "prompt_tokens")),
+                output_tokens=as_count(read_field(usage, "completion_tokens")),
+                cached_tokens=as_count(
                     read_field(read_field(usage, "prompt_tokens_details"), "cached_tokens")
                 ),
             )

@@ -36,16 +36,40 @@ from pydantic import (
 SCHEMA_VERSION: Final = 1
 """Version of the event schema written by this code; readers accept 1..SCHEMA_VERSION."""
 
+MAX_COUNT: Final = 2**53
+"""The largest count (tokens, blocks, a window, a turn) an event carries: the largest
+integer a JSON double holds exactly, so every JSON reader (and Prometheus, whose
+values are doubles) reads it as written. A larger one is a decoding error."""
+MAX_SECONDS: Final = 1e9
+"""The longest duration an event carries (about 31 years: no boundary of a serving host
+lasts that long), so sums and products of durations stay finite."""
+MAX_NS: Final = 2**63 - 1
+"""Timestamps are int64 nanoseconds, as every tracing format stores them (the wall
+clock reaches the limit in 2262)."""
+MAX_REASONS: Final = 32
+"""Entries of ``KVStats.released``: each is a Prometheus series (``/metrics``)."""
+
 Source = Literal["sdk", "sandbox", "gateway", "engine", "sim"]
 Id = Annotated[str, Field(min_length=1, max_length=256)]
-Count = Annotated[int, Field(ge=0)]
-Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Integer = Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)]
+Nanoseconds = Annotated[int, Field(ge=0, le=MAX_NS)]
+Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
 
 
 def clock() -> dict[str, int]:
     """Both timestamps of one boundary, read together (pass as ``**clock()``) so
     wall-clock span times and monotonic durations describe the same instant."""
     return {"mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
+
+
+def as_count(value: object) -> int | None:
+    """``value`` if an event can carry it as a count (an int from 0 to ``MAX_COUNT``,
+    not a bool), else None: for figures read off someone else's JSON, which a bad one
+    must not turn into an event that fails to build."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+        return value
+    return None
 
 
 def check_id(value: object, what: str) -> str:
@@ -87,8 +111,8 @@ class Event(BaseModel):
     v: Literal[1] = SCHEMA_VERSION
     kind: str
     event_id: Id = Field(default_factory=new_id)
-    mono_ns: Count = Field(default_factory=time.monotonic_ns)
-    wall_ns: Count = Field(default_factory=time.time_ns)
+    mono_ns: Nanoseconds = Field(default_factory=time.monotonic_ns)
+    wall_ns: Nanoseconds = Field(default_factory=time.time_ns)
     source: Source = "sdk"
 
     @field_validator("v", mode="before")
@@ -211,7 +235,7 @@ class LLMEnd(CallEvent):
 class ToolEnqueue(CallEvent):
     kind: Literal["tool_enqueue"] = "tool_enqueue"
     tool: Id
-    priority: int | None = None
+    priority: Integer | None = None
 
 
 class ToolStart(CallEvent):
@@ -224,7 +248,7 @@ class ToolEnd(CallEvent):
     kind: Literal["tool_end"] = "tool_end"
     tool: Id
     status: Literal["ok", "error", "timeout", "killed", "cancelled"] = "ok"
-    exit_status: int | None = None
+    exit_status: Integer | None = None
     error: str | None = None
     duration_s: Seconds = 0.0
     cpu_time_s: Seconds | None = None
@@ -236,7 +260,7 @@ class ToolStats(Event):
     kind: Literal["tool_stats"] = "tool_stats"
     active: Count
     queued: Count = 0
-    exec_ema_s: dict[str, Seconds] = Field(default_factory=dict)
+    exec_ema_s: dict[Id, Seconds] = Field(default_factory=dict)
 
 
 # --- control plane and KV ---------------------------------------------------------
@@ -265,7 +289,7 @@ class KVStats(Event):
     pinned_blocks: Count = 0
     pins: Count = 0
     """Sessions holding pinned blocks."""
-    released: dict[str, Count] = Field(default_factory=dict)
+    released: dict[Id, Count] = Field(default_factory=dict, max_length=MAX_REASONS)
     """Pins released so far, by reason (the vLLM plugin's ``pins.ReleaseReason``)."""
     cpu_total_blocks: Count = 0
     cpu_free_blocks: Count = 0

@@ -13,6 +13,31 @@ EMA_WEIGHT = 0.2
 last five calls dominate; seed 000 §4.1 names an EMA of execution time without a
 weight)."""
 
+MAX_TOOL_KINDS = 256
+"""Distinct tool names a process keeps figures for (our limit: agents name a few
+dozen tools; a client naming every call differently must not grow per-kind state or
+metric series without bound)."""
+
+OTHER_TOOLS = "(other)"
+"""The kind every name past ``MAX_TOOL_KINDS`` is counted under."""
+
+
+class ToolKinds:
+    """The first ``limit`` distinct tool names seen keep their own figures; later ones
+    share ``OTHER_TOOLS``."""
+
+    def __init__(self, limit: int = MAX_TOOL_KINDS) -> None:
+        self.limit = limit
+        self._known: set[str] = set()
+
+    def kind(self, tool: str) -> str:
+        if tool in self._known:
+            return tool
+        if len(self._known) < self.limit:
+            self._known.add(tool)
+            return tool
+        return OTHER_TOOLS
+
 
 class ToolDurations:
     """The exponential moving average of each tool kind's duration."""
@@ -22,10 +47,12 @@ class ToolDurations:
             raise ValueError(f"the EMA weight must be in (0, 1], got {weight}")
         self.weight = weight
         self._ema: dict[str, float] = {}
+        self._kinds = ToolKinds()
         self.completed = 0
         """Durations folded in so far."""
 
     def record(self, tool: str, seconds: float) -> None:
+        tool = self._kinds.kind(tool)
         previous = self._ema.get(tool)
         self._ema[tool] = (
             seconds if previous is None else previous + self.weight * (seconds - previous)

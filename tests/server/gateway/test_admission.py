@@ -155,10 +155,10 @@ async def test_a_client_leaving_while_it_waits_leaves_the_queue(windowed: Gatewa
         waiting = asyncio.create_task(client.post(f"{url}/v1/chat/completions", json=_chat("b")))
         await asyncio.sleep(0.3)
         admission = windowed.app.state.gateway.admission
-        assert [w.session_id for w in admission.waiting] == ["b"]
+        assert [w.session_id for w in admission.waiting.values()] == ["b"]
         waiting.cancel()
         await asyncio.sleep(0.3)
-        assert admission.waiting == []
+        assert admission.waiting == {}
         await _end_session(client, url, "a")
         response = await client.post(f"{url}/v1/chat/completions", json=_chat("c"))
         assert response.status_code == 200
@@ -277,7 +277,7 @@ async def test_a_session_stays_queued_while_one_of_its_calls_still_waits(
         await asyncio.sleep(0.3)
         calls[0].cancel()
         await asyncio.sleep(0.3)
-        assert [(w.session_id, w.calls) for w in admission.waiting] == [("b", 1)]
+        assert [(w.session_id, w.calls) for w in admission.waiting.values()] == [("b", 1)]
         await _end_session(client, url, "a")
         response = await asyncio.wait_for(calls[1], 1.0)
         assert response.status_code == 200

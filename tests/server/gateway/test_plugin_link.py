@@ -312,7 +312,7 @@ def test_thunderagent_holds_new_sessions_while_the_engine_has_one_paused(
             call = pool.submit(httpx.post, url, json=_chat("b"), timeout=5)
             time.sleep(0.4)
             assert not call.done()  # "a" is paused: new programs wait
-            assert [w.session_id for w in admission.waiting] == ["b"]
+            assert list(admission.waiting) == ["b"]
             publisher.send_event(SessionResume(session_id="a", source="engine"))
             assert call.result(timeout=2).status_code == 200
             assert sorted(admission.admitted) == ["a", "b"]

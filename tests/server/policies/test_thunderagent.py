@@ -378,3 +378,25 @@ def test_evicted_blocks_are_recomputed_or_loaded_from_the_cpu_tier(
     assert ends(record) == pytest.approx({"a": end_s, "b": 0.70})
     # a: 30 + 2; b: 32 + 19; then a's 2nd call.
     assert record.computed_tokens == (30 + 2) + (32 + 19) + computed
+
+
+def test_a_prompt_larger_than_the_whole_cache_does_not_hold_the_queue() -> None:
+    # 10 blocks of 16 tokens: 160 tokens in all, 16 free. G (161 tokens) can never fit:
+    # it goes through (the engine refuses it with its own 4xx) and counts against
+    # nothing, so Y behind it is admitted as soon as it fits.
+    half = ThunderAgent().admission()
+    view = figures(half, free_blocks=1)
+    giant, small = SessionData("G", 161), SessionData("Y", 16)
+    assert list(half.admit([giant, small], view)) == [giant, small]
+    # A prompt that fits the whole cache but not the free part still waits its turn.
+    assert list(half.admit([SessionData("Z", 160)], figures(half, free_blocks=1))) == []
+
+
+def test_a_program_admitted_again_is_counted_once() -> None:
+    half = ThunderAgent().admission()
+    view = figures(half, free_blocks=4)  # 64 tokens
+    p = SessionData("P", 40)
+    assert list(half.admit([p], view)) == [p]
+    half.on_event(SessionEnd(session_id="P"))
+    assert list(half.admit([p], view)) == [p]  # its first admission no longer counts
+    assert list(half.admit([SessionData("T", 24)], view)) == [SessionData("T", 24)]

@@ -49,6 +49,7 @@ from agentmars.sandbox.backends.base import Job, OutputCallback, Slot, Stream
 from agentmars.sandbox.backends.output import CappedOutput, deliver
 from agentmars.sandbox.config import SandboxConfig
 from agentmars.sandbox.spec import ExecResult, ExecStatus, SandboxError
+from agentmars.sandbox.workspaces import resolve_cwd
 
 log = logging.getLogger("agentmars.sandbox.docker")
 
@@ -135,16 +136,8 @@ def exec_workdir(workspace: Path, cwd: str) -> str:
 
 def check_workdir(workspace: Path, cwd: str) -> None:
     """Refuse a cwd that is missing or resolves (through links) outside the workspace
-    (in the process backend's words)."""
-    root = workspace.resolve()
-    try:
-        target = (root / cwd).resolve(strict=True)
-    except OSError as exc:
-        raise SandboxError(f"cwd {cwd!r} does not exist in the workspace") from exc
-    if not target.is_relative_to(root):
-        raise SandboxError(f"cwd {cwd!r} resolves to {target}, outside the workspace")
-    if not target.is_dir():
-        raise SandboxError(f"cwd {cwd!r} is not a directory")
+    (the check the process backend makes)."""
+    resolve_cwd(workspace, cwd)
 
 
 def exec_environment(workspace: Path, env: dict[str, str]) -> dict[str, str]:

@@ -17,7 +17,9 @@ starts).
   copy of the threaded event loop). If it cannot, it says why on the status pipe and
   exits having run nothing. It dies with the backend (a parent-death signal), and
   exits at once if the backend is gone already, so a job never starts unwatched.
-- bubblewrap sets up the sandbox and runs the init's pid 1 role (``--as-pid-1``:
+- bubblewrap sets up the sandbox, loads the seccomp filter (``seccomp.py``: the
+  kernel keyring, new namespaces, mounts and the rest of what container runtimes deny
+  fail with EPERM) as its last step, and runs the init's pid 1 role (``--as-pid-1``:
   bubblewrap's own init can outlive bubblewrap, and is then left for the host's init
   to reap), from a descriptor the backend keeps open, so nothing is mounted for it.
   It closes every descriptor but stdio, runs the command as its child, reaps every
@@ -87,7 +89,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from agentmars.sandbox.backends import netns, sandbox_init
+from agentmars.sandbox.backends import netns, sandbox_init, seccomp
 from agentmars.sandbox.backends.base import Job, OutputCallback, Slot
 from agentmars.sandbox.backends.output import CappedOutput
 from agentmars.sandbox.cgroups import CgroupManager, SlotCgroup
@@ -98,6 +100,7 @@ from agentmars.sandbox.spec import (
     ExecStatus,
     SandboxError,
 )
+from agentmars.sandbox.workspaces import resolve_cwd, within
 
 log = logging.getLogger(__name__)
 
@@ -300,40 +303,15 @@ def _delta(after: float | None, before: float | None) -> float | None:
     return None if after is None or before is None else after - before
 
 
-def resolve_cwd(workspace: Path, cwd: str) -> tuple[Path, Path]:
-    """The workspace and the job's working directory, symlinks resolved; the working
-    directory must be an existing directory inside the workspace."""
-    try:
-        root = workspace.resolve(strict=True)
-    except OSError as exc:
-        raise SandboxError(f"workspace {workspace} does not exist") from exc
-    try:
-        target = root if cwd == "." else (root / cwd).resolve(strict=True)
-    except OSError as exc:
-        raise SandboxError(f"cwd {cwd!r} does not exist in the workspace") from exc
-    if not _within(target, root):
-        raise SandboxError(f"cwd {cwd!r} resolves to {target}, outside the workspace")
-    if not target.is_dir():
-        raise SandboxError(f"cwd {cwd!r} is not a directory")
-    return root, target
-
-
 def check_workspaces_hidden(workspace_root: Path, readonly_paths: list[Path]) -> None:
     """Refuse a read-only path that contains a workspace or lies in one: every sandbox
     would see other sessions' files. Both sides resolved (symlinks followed)."""
     for path in readonly_paths:
-        if _within(workspace_root, path) or _within(path, workspace_root):
+        if within(workspace_root, path) or within(path, workspace_root):
             raise SandboxError(
                 f"readonly path {path} overlaps the workspaces in {workspace_root}: other "
                 "sessions' files would be readable; remove it from readonly_paths"
             )
-
-
-def _within(path: Path, root: Path) -> bool:
-    """``path.is_relative_to(root)`` for absolute, normalized paths, at a fraction of
-    its cost (this runs several times per job)."""
-    inner, outer = str(path), str(root)
-    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
 def hand_over(workspace: Path, uid: int) -> None:
@@ -375,7 +353,7 @@ class _MountPoints:
     def _parents(self, dest: Path) -> list[str]:
         argv = []
         for parent in reversed(dest.parents):
-            if str(parent) in self.made or any(_within(parent, r) for r in self.read_only):
+            if str(parent) in self.made or any(within(parent, r) for r in self.read_only):
                 continue
             self.made.add(str(parent))
             argv += ["--perms", "0755", "--dir", str(parent)]
@@ -390,7 +368,7 @@ def _link_target(path: Path, readonly_paths: list[Path]) -> Path | None:
         return None
     target = path.resolve()
     mounted = [p for p in readonly_paths if p != path and p.exists() and p.resolve() == p]
-    return target if any(_within(target, p) for p in mounted) else None
+    return target if any(within(target, p) for p in mounted) else None
 
 
 def _readonly_mounts(readonly_paths: list[Path]) -> tuple[list[str], _MountPoints]:
@@ -430,6 +408,8 @@ class ProcessBackend:
         self._bwrap: str | None = None
         self._init: str | None = None
         self._init_fd: int | None = None
+        self._seccomp: Path | None = None
+        """The compiled seccomp filter (``seccomp.py``) bubblewrap loads; None: none."""
         self._config: SandboxConfig | None = None
         self._isolation: Isolation = "none"
         self._cgroups: CgroupManager | None = None
@@ -453,7 +433,8 @@ class ProcessBackend:
         self._init, self._init_fd = str(init), os.open(init, os.O_RDONLY | os.O_CLOEXEC)
         self._config = config
         self._readonly_argv, self._mount_points = _readonly_mounts(config.readonly_paths)
-        warnings = self._set_up_cgroups(config, slots)
+        warnings = await self._load_seccomp()
+        warnings += self._set_up_cgroups(config, slots)
         try:
             warnings += await self._choose_isolation(slots)
         except BaseException:
@@ -462,6 +443,18 @@ class ProcessBackend:
         for warning in warnings:
             log.warning("process sandbox: %s", warning)
         return warnings
+
+    async def _load_seccomp(self) -> list[str]:
+        """The seccomp filter, built if need be; without it, a warning."""
+        try:
+            self._seccomp = await asyncio.to_thread(seccomp.ensure_filter, self._compiler)
+        except SandboxError as exc:
+            return [
+                f"no seccomp filter ({exc}): jobs can use the kernel keyring, which every "
+                "session shares (one host uid), create nested namespaces, and reach the "
+                "rest of the kernel's attack surface that container runtimes deny"
+            ]
+        return []
 
     def _set_up_cgroups(self, config: SandboxConfig, slots: list[Slot]) -> list[str]:
         """Slot groups where cgroups are writable; rlimits (and warnings) elsewhere."""
@@ -530,7 +523,7 @@ class ProcessBackend:
 
     def _isolation_warnings(self, failures: list[str]) -> list[str]:
         nested = "jobs may create nested user namespaces (more kernel attack surface)"
-        if self._isolation == "drop":
+        if self._isolation == "drop" and self._seccomp is None:
             return [
                 "this pool runs as root, and bubblewrap can forbid nested user namespaces "
                 f"only inside a user namespace of its own: {nested}"
@@ -542,7 +535,7 @@ class ProcessBackend:
                 "readonly_paths (e.g. /etc/shadow) and leave set-uid-root files in their "
                 "workspace"
             ]
-        if self._isolation == "no-userns":
+        if self._isolation == "no-userns" and self._seccomp is None:
             return [
                 f"bubblewrap cannot create a user namespace ({failures[0]}): jobs run as "
                 f"host uid {os.geteuid()} without capabilities; {nested}"
@@ -688,8 +681,12 @@ class ProcessBackend:
                 argv += job.spec.command
                 spawn_env, spawn_cwd, passed = env | {"PWD": str(cwd)}, str(cwd), [report]
             else:
-                ours.append(os.dup(report))  # bubblewrap's: the host role closes its own
-                argv += self._bwrap_argv(job, workspace, cwd, env, ours[-1], shared_net)
+                status_fd = os.dup(report)  # bubblewrap's: the host role closes its own
+                ours.append(status_fd)
+                filter_fd = self._open_seccomp()
+                if filter_fd is not None:
+                    ours.append(filter_fd)
+                argv += self._bwrap_argv(job, workspace, cwd, env, status_fd, shared_net, filter_fd)
                 assert self._init_fd is not None
                 shared = [] if shared_net is None else [shared_net]
                 spawn_env, spawn_cwd, passed = {}, "/", [*ours, self._init_fd, *shared]
@@ -708,6 +705,13 @@ class ProcessBackend:
             for fd in ours:
                 os.close(fd)
         return process, status_read
+
+    def _open_seccomp(self) -> int | None:
+        """The filter for one job: bubblewrap reads it to the end, so each job needs a
+        descriptor (and file offset) of its own."""
+        if self._seccomp is None:
+            return None
+        return os.open(self._seccomp, os.O_RDONLY | os.O_CLOEXEC)
 
     def _host_argv(
         self, slot: Slot, group: SlotCgroup | None, report: int, shared_net: int | None
@@ -732,10 +736,12 @@ class ProcessBackend:
         env: dict[str, str],
         status_fd: int,
         shared_net: int | None,
+        filter_fd: int | None,
     ) -> list[str]:
         """The bubblewrap command line: an empty root with the read-only paths, private
         /tmp, /dev and /proc, and the workspace as the only writable host path; a new
-        network namespace unless the host role joined the slot's."""
+        network namespace unless the host role joined the slot's; the seccomp filter
+        (``filter_fd``), which bubblewrap applies last, just before it runs pid 1."""
         assert self._bwrap is not None and self._config is not None
         size = str(self._config.memory_limit_mb * 1024 * 1024)
         argv = [self._bwrap, *self._identity_argv()]
@@ -747,6 +753,8 @@ class ProcessBackend:
             "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv",
             "--json-status-fd", str(status_fd),
         ]  # fmt: skip
+        if filter_fd is not None:
+            argv += ["--seccomp", str(filter_fd)]
         # tmpfs first, so read-only paths under /tmp (a venv there) stay visible;
         # its pages count against the memory cgroup, --size bounds it without one.
         argv += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp", *self._readonly_argv]

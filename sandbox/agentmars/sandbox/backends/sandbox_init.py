@@ -5,7 +5,8 @@ program (see the process backend's docstring).
 It is built on first use with the system C compiler into
 ``~/.cache/agentmars/sandbox-init/<key>/sandbox-init``, the key being the SHA-256 of
 the source and the compiler flags, so a changed source is built anew and never mistaken
-for an old build. ``make env`` builds it ahead (``python -m
+for an old build (``build_program``, which the seccomp filter's generator is built
+with too). ``make env`` builds it ahead (``python -m
 agentmars.sandbox.backends.sandbox_init``), so no timed run compiles.
 """
 
@@ -42,37 +43,54 @@ def cache_key(source: bytes, flags: tuple[str, ...] = CFLAGS) -> str:
 def ensure_built(compiler: str = "cc") -> Path:
     """The built init for the current source: from the cache, else compiled with
     ``compiler`` (a name looked up on PATH, or a path)."""
-    source = SOURCE.read_bytes()
-    binary = cache_root() / cache_key(source) / "sandbox-init"
+    return build_program(SOURCE, "sandbox-init", compiler, what="sandbox init", needed=NEEDED)
+
+
+def build_program(
+    source_file: Path,
+    name: str,
+    compiler: str,
+    *,
+    what: str,
+    needed: str,
+    flags: tuple[str, ...] = CFLAGS,
+    libraries: tuple[str, ...] = (),
+) -> Path:
+    """``cache_root()/<key>/name``, compiled from ``source_file`` with ``flags`` and
+    linked with ``libraries`` unless a build of the same source and flags is there;
+    ``what`` and ``needed`` say, in an error, what failed and what to install."""
+    source = source_file.read_bytes()
+    binary = cache_root() / cache_key(source, flags + libraries) / name
     if binary.is_file():
         return binary
     found = shutil.which(compiler)
     if found is None:
         raise SandboxError(
-            f"no C compiler found ({compiler!r}): the process backend builds its sandbox "
-            f"init from {SOURCE.name} with one; {NEEDED}"
+            f"no C compiler found ({compiler!r}): the process backend builds its {what} "
+            f"from {source_file.name} with one; {needed}"
         )
-    _compile(found, source, binary)
+    argv = [found, *flags, "-o", "{output}", "-x", "c", "-", "-x", "none", *libraries]
+    _compile(argv, source, binary, what, needed)
     return binary
 
 
-def _compile(compiler: str, source: bytes, binary: Path) -> None:
-    """Compile ``source`` (the bytes the key was computed from, on stdin) to a temporary
-    file beside ``binary``, then rename it into place: a process racing this one, or
-    one killed midway, never leaves a partial binary under the final name."""
+def _compile(argv: list[str], source: bytes, binary: Path, what: str, needed: str) -> None:
+    """Compile ``source`` (the bytes the key was computed from, on stdin) with ``argv``
+    to a temporary file beside ``binary``, then rename it into place: a process racing
+    this one, or one killed midway, never leaves a partial binary under the final name."""
     binary.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, temporary = tempfile.mkstemp(dir=binary.parent, prefix=".building-")
     os.close(fd)
+    argv = [temporary if arg == "{output}" else arg for arg in argv]
     try:
-        argv = [compiler, *CFLAGS, "-o", temporary, "-x", "c", "-"]
         try:
             built = subprocess.run(argv, input=source, capture_output=True, timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
-            raise SandboxError(f"building the sandbox init took over {exc.timeout:g} s") from exc
+            raise SandboxError(f"building the {what} took over {exc.timeout:g} s") from exc
         if built.returncode != 0:
             raise SandboxError(
-                f"cannot build the sandbox init ({' '.join(argv)}): "
-                f"{built.stderr.decode(errors='replace').strip()}; {NEEDED}"
+                f"cannot build the {what} ({' '.join(argv)}): "
+                f"{built.stderr.decode(errors='replace').strip()}; {needed}"
             )
         os.chmod(temporary, 0o755)
         os.replace(temporary, binary)

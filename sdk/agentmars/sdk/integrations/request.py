@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from typing import Any, Literal
 
 from agentmars.sdk.calls import LLMCall, read_field
+from agentmars.sdk.events import as_count
 from agentmars.sdk.scope import outcome_of
 from agentmars.sdk.session import current_session
 
@@ -70,7 +71,7 @@ def begin_call(kwargs: dict[str, Any], operation: Operation) -> LLMCall | None:
         operation=operation,
         stream=bool(kwargs.get("stream")),
         projected_prompt_tokens=project_prompt_tokens(kwargs),
-        max_tokens=max_tokens if isinstance(max_tokens, int) and max_tokens >= 0 else None,
+        max_tokens=as_count(max_tokens),
         # A tool result at the end of the context is the authoritative marker;
         # without one the session's own tool bookkeeping decides.
         follows_tool=True if _last_role(kwargs.get("messages")) in ("tool", "function") else None,

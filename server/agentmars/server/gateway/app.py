@@ -26,7 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agentmars.sdk.events import AnyEvent
+from agentmars.sdk.events import MAX_COUNT, AnyEvent
+from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard, guarded_server
 from agentmars.server.gateway.admission import Admission
 from agentmars.server.gateway.call_meta import BadRequest, CallMeta, call_metadata
 from agentmars.server.gateway.events import CallRecorder, CallStatus, stream_router
@@ -47,12 +48,20 @@ from agentmars.server.policies.capabilities import Capability, refuse_unless
 from agentmars.server.policies.interface import Policy
 from agentmars.server.policies.registry import make_policy
 from agentmars.server.web.client_watch import ClientGone, ClientWatch, ClosingStreamingResponse
-from agentmars.server.web.ingest import EventHub, ingest_router, install_error_handlers
+from agentmars.server.web.ingest import (
+    DEFAULT_MAX_BODY_BYTES,
+    EVENTS_PATH,
+    EventHub,
+    ingest_router,
+    install_error_handlers,
+)
 
 log = logging.getLogger("agentmars.server")
 ADMISSION_PASS_S = 0.1
 """How often admission runs without an event (idle expiry, time-driven windows)."""
-MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_BODY_BYTES = COMPLETION_BODY_BYTES
+"""A request body's limit (413 past it, counted as it arrives), but for ``POST
+/v1/events`` (``web/ingest.py``'s ``DEFAULT_MAX_BODY_BYTES``)."""
 
 
 @dataclass
@@ -189,9 +198,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise GatewayError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
     try:
         body = json.loads(await request.body())
     except (ValueError, RecursionError) as exc:
@@ -202,8 +208,10 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if model is not None and not isinstance(model, str):
         raise GatewayError(400, "'model' must be a string")
     priority = body.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise GatewayError(400, f"'priority' must be an integer, got {priority!r}")
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_COUNT:
+        raise GatewayError(
+            400, f"'priority' must be an integer from -2**53 to 2**53, got {priority!r:.80}"
+        )
     return body
 
 
@@ -360,15 +368,19 @@ def create_gateway_app(
     app.include_router(stream_router(gateway.hub, config.token, lambda: gateway.stopping()))
     install_error_handlers(app)
     app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_middleware(RequestGuard, max_body_bytes=body_limit)
     return app
 
 
-def run_gateway(app: FastAPI, host: str, port: int) -> None:
-    """Serve a gateway app with uvicorn until SIGINT or SIGTERM; open event streams end
-    when it stops."""
-    import uvicorn
+def body_limit(path: str) -> int:
+    """The body limit of a request to ``path``."""
+    return DEFAULT_MAX_BODY_BYTES if path == EVENTS_PATH else MAX_BODY_BYTES
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+
+def run_gateway(app: FastAPI, host: str, port: int) -> None:
+    """Serve a gateway app with uvicorn until SIGINT or SIGTERM (a ``guarded_server``:
+    slow clients time out); open event streams end when it stops."""
+    server = guarded_server(app, host=host, port=port)
     app.state.gateway.stopping = lambda: server.should_exit
     server.run()
 

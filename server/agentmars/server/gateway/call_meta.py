@@ -11,12 +11,11 @@ one session per conversation instead of one per call.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentmars.sdk.events import new_id
+from agentmars.sdk.events import MAX_COUNT, MAX_SECONDS, new_id
 from agentmars.sdk.integrations.request import SESSION_HEADER, project_prompt_tokens
 
 MAX_NAME = 256
@@ -121,8 +120,8 @@ def _turn(xargs: Mapping[str, Any]) -> int | None:
     turn = xargs.get("turn")
     if turn is None:
         return None
-    if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
-        raise BadRequest(f"vllm_xargs.turn must be an integer >= 0, got {turn!r}")
+    if isinstance(turn, bool) or not isinstance(turn, int) or not 0 <= turn <= MAX_COUNT:
+        raise BadRequest(f"vllm_xargs.turn must be an integer from 0 to 2**53, got {turn!r:.80}")
     return turn
 
 
@@ -149,8 +148,11 @@ def _seconds(xargs: Mapping[str, Any], name: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadRequest(f"vllm_xargs.{name} must be a number of seconds, got {value!r:.80}")
-    if not (math.isfinite(value) and value >= 0):
-        raise BadRequest(f"vllm_xargs.{name} must be finite and >= 0, got {value!r}")
+    # Compared as it came: an integer past a float's range must not reach float().
+    if not 0 <= value <= MAX_SECONDS:
+        raise BadRequest(
+            f"vllm_xargs.{name} must be from 0 to {MAX_SECONDS:g} seconds, got {value!r:.80}"
+        )
     return float(value)
 
 

@@ -20,8 +20,9 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from agentmars.sdk.auth import UNAUTHORISED, bearer_matches, check_token
-from agentmars.sdk.events import AnyEvent, LLMEnd, LLMFirstToken, LLMSubmit, clock
+from agentmars.sdk.events import AnyEvent, LLMEnd, LLMFirstToken, LLMSubmit, as_count, clock
 from agentmars.server.gateway.call_meta import CallMeta
+from agentmars.server.web.client_watch import ClosingStreamingResponse
 from agentmars.server.web.ingest import EventHub
 
 CallStatus = Literal["ok", "error", "cancelled"]
@@ -29,6 +30,12 @@ STREAM_PATH = "/v1/events/stream"
 STREAM_QUEUE = 10_000
 """Events buffered per stream subscriber; a reader that falls further behind loses
 events (counted in a ``: dropped N`` SSE comment) instead of growing memory."""
+STREAM_BUFFER_BYTES = 4 * 1024 * 1024
+"""Bytes of event JSON buffered per stream subscriber, likewise (our choice: four of the
+largest events ingest takes, thousands of ordinary ones)."""
+MAX_STREAMS = 16
+"""Event streams open at once (our choice: a dashboard, a benchmark, a few operators);
+one more gets 429 until one closes."""
 KEEPALIVE_S = 15.0
 STOP_CHECK_S = 0.25
 
@@ -79,7 +86,7 @@ class CallRecorder:
                 operation="chat" if "messages" in body else "text_completion",
                 stream=bool(body.get("stream")),
                 projected_prompt_tokens=meta.prompt_tokens,
-                max_tokens=_count(body.get("max_tokens", body.get("max_completion_tokens"))),
+                max_tokens=as_count(body.get("max_tokens", body.get("max_completion_tokens"))),
                 follows_tool=meta.follows_tool,
                 expects_tool=meta.expects_tool,
                 **self.ids,
@@ -112,9 +119,9 @@ class CallRecorder:
             return
         self._ended = True
         stamp = clock()
-        prompt = _count(self._usage.get("prompt_tokens"))
+        prompt = as_count(self._usage.get("prompt_tokens"))
         details = self._usage.get("prompt_tokens_details")
-        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        cached = as_count(details.get("cached_tokens")) if isinstance(details, dict) else None
         if prompt is None or (cached is not None and cached > prompt):
             cached = None  # an engine's inconsistent figure is dropped, not an event error
         self._publish(
@@ -123,7 +130,7 @@ class CallRecorder:
                 error=error,
                 prompt_tokens=prompt,
                 cached_tokens=cached,
-                output_tokens=_count(self._usage.get("completion_tokens")),
+                output_tokens=as_count(self._usage.get("completion_tokens")),
                 finish_reason=self._finish_reason,
                 ended_in_tool_call=self._tool_call,
                 duration_s=self._elapsed_s(stamp["mono_ns"]),
@@ -133,22 +140,17 @@ class CallRecorder:
         )
 
 
-def _count(value: object) -> int | None:
-    """A token count from the engine's JSON, or None if it is not one."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
 # --- the SSE stream ---------------------------------------------------------------------
 
 
 class _StreamSubscriber:
-    """Carries hub batches (from any thread) into one stream's asyncio queue."""
+    """Carries hub batches (from any thread) into one stream's asyncio queue of event
+    JSON, at most ``STREAM_QUEUE`` events and ``STREAM_BUFFER_BYTES``."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[AnyEvent] = asyncio.Queue(STREAM_QUEUE)
+        self.queue: asyncio.Queue[str] = asyncio.Queue(STREAM_QUEUE)
+        self.buffered_bytes = 0
         self.dropped = 0
 
     def __call__(self, events: Sequence[AnyEvent]) -> None:
@@ -156,10 +158,18 @@ class _StreamSubscriber:
 
     def _put(self, events: Sequence[AnyEvent]) -> None:
         for event in events:
-            try:
-                self.queue.put_nowait(event)
-            except asyncio.QueueFull:
+            data = event.to_json()
+            if self.buffered_bytes + len(data) > STREAM_BUFFER_BYTES or self.queue.full():
                 self.dropped += 1
+                continue
+            self.buffered_bytes += len(data)
+            self.queue.put_nowait(data)
+
+    async def next(self, timeout_s: float) -> str:
+        """The next event's JSON (``TimeoutError`` if none comes within ``timeout_s``)."""
+        data = await asyncio.wait_for(self.queue.get(), timeout_s)
+        self.buffered_bytes -= len(data)
+        return data
 
 
 async def _sse(
@@ -174,7 +184,7 @@ async def _sse(
         # ``stopping`` every STOP_CHECK_S and end the stream when it says so.
         while not stopping():
             try:
-                event = await asyncio.wait_for(subscriber.queue.get(), STOP_CHECK_S)
+                data = await subscriber.next(STOP_CHECK_S)
             except TimeoutError:
                 quiet_s += STOP_CHECK_S
                 if quiet_s >= KEEPALIVE_S:
@@ -184,24 +194,49 @@ async def _sse(
             if subscriber.dropped > reported:
                 reported = subscriber.dropped
                 yield f": dropped {reported}\n\n"
-            yield f"data: {event.to_json()}\n\n"
+            yield f"data: {data}\n\n"
     finally:
         unsubscribe()
+
+
+class _OpenStreams:
+    """How many event streams are open (on the event loop only: no lock)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def open(self) -> bool:
+        """Count one more stream, unless ``MAX_STREAMS`` are open already."""
+        if self.count >= MAX_STREAMS:
+            return False
+        self.count += 1
+        return True
+
+    def close(self) -> None:
+        self.count -= 1
 
 
 def stream_router(
     hub: EventHub, token: str, stopping: Callable[[], bool] = lambda: False
 ) -> APIRouter:
-    """``GET /v1/events/stream``: every event from now on, as SSE (bearer token).
-    Open streams end once ``stopping()`` is true (the server is shutting down)."""
+    """``GET /v1/events/stream``: every event from now on, as SSE (bearer token), at
+    most ``MAX_STREAMS`` at once. Open streams end once ``stopping()`` is true (the
+    server is shutting down)."""
     expected = check_token(token)
     router = APIRouter()
+    streams = _OpenStreams()
 
     @router.get(STREAM_PATH)
     async def event_stream(request: Request) -> StreamingResponse:
         if not bearer_matches(request.headers.get("authorization", ""), expected):
             raise HTTPException(401, UNAUTHORISED, headers={"WWW-Authenticate": "Bearer"})
+        if not streams.open():
+            raise HTTPException(429, f"{MAX_STREAMS} event streams are open; retry when one ends")
         subscriber = _StreamSubscriber(asyncio.get_running_loop())
-        return StreamingResponse(_sse(hub, subscriber, stopping), media_type="text/event-stream")
+        return ClosingStreamingResponse(
+            _sse(hub, subscriber, stopping),
+            media_type="text/event-stream",
+            on_close=streams.close,
+        )
 
     return router

@@ -51,7 +51,9 @@ class ThunderAgent(Policy):
     the newest ``kv_stats`` figures, less the prompts it admitted that have not started
     yet (no first token or end: they hold no blocks in the figures). NOTE: ours — the
     figures are sampled, so a prompt that started since the last sample is counted in
-    neither for that moment."""
+    neither for that moment. A prompt larger than the whole KV cache can never fit: it
+    is let through at once (the engine refuses it with its own 4xx), not held at the
+    head of the queue, where every later program would wait behind it for good."""
 
     name = "thunderagent"
     variant = "ThunderAgent paper as described by seed 003 (TA), one replica"
@@ -80,6 +82,7 @@ class ThunderAgentAdmission(AdmissionHalf):
         self._paused: set[str] = set()
         self._not_started: dict[str, int] = {}
         """Admitted programs whose first call has no first token yet, and its prompt."""
+        self._not_started_tokens = 0
 
     def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, SessionPause):
@@ -88,21 +91,30 @@ class ThunderAgentAdmission(AdmissionHalf):
             self._paused.discard(event.session_id)
         elif isinstance(event, SessionEnd):
             self._paused.discard(event.session_id)
-            self._not_started.pop(event.session_id, None)
+            self._started(event.session_id)
         elif isinstance(event, LLMFirstToken | LLMEnd):
             # A call answered whole has no first token: its end says it ran.
-            self._not_started.pop(event.session_id, None)
+            self._started(event.session_id)
+
+    def _started(self, session_id: str) -> None:
+        self._not_started_tokens -= self._not_started.pop(session_id, 0)
 
     def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:
         if self._paused or view.kv is None:
             return ()
-        room = view.kv.free_blocks * view.block_size - sum(self._not_started.values())
+        capacity = view.kv.total_blocks * view.block_size
+        room = view.kv.free_blocks * view.block_size - self._not_started_tokens
         admitted = []
         for session in queue:
+            if session.prompt_tokens > capacity:
+                admitted.append(session)
+                continue
             if session.prompt_tokens > room:
                 break
             room -= session.prompt_tokens
+            self._started(session.session_id)  # a program admitted again starts afresh
             self._not_started[session.session_id] = session.prompt_tokens
+            self._not_started_tokens += session.prompt_tokens
             admitted.append(session)
         return admitted
 

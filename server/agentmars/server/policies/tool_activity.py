@@ -12,23 +12,32 @@ from collections.abc import Mapping
 from agentmars.sdk.events import AnyEvent
 from agentmars.sdk.tool_stats import ToolDurations
 
+MAX_OPEN_TOOL_CALLS = 65_536
+"""Tool calls queued or running a host keeps track of (ours: far above what one node
+runs); past this, the one reported least recently is forgotten, as if it had ended,
+so that calls whose end never came cannot grow a host without bound."""
+
 
 class ToolActivity:
     """Tool calls in flight, keyed by (session id, call id): call ids are unique only
-    within their session."""
+    within their session. Every update and question is O(1) (a session's end: O(its
+    calls))."""
 
-    def __init__(self) -> None:
-        self._queued: set[tuple[str, str]] = set()
-        self._active: set[tuple[str, str]] = set()
+    def __init__(self, limit: int = MAX_OPEN_TOOL_CALLS) -> None:
+        self.limit = limit
+        self._open: dict[tuple[str, str], bool] = {}
+        """Open calls, least recently reported first: True once started."""
+        self._by_session: dict[str, set[str]] = {}
+        self._running = 0
         self.durations = ToolDurations()
 
     @property
     def active_tools(self) -> int:
-        return len(self._active)
+        return self._running
 
     @property
     def queued_tools(self) -> int:
-        return len(self._queued)
+        return len(self._open) - self._running
 
     @property
     def tool_ema_s(self) -> Mapping[str, float]:
@@ -36,23 +45,41 @@ class ToolActivity:
 
     def runs_tools(self, session_id: str) -> bool:
         """The session has a tool call queued or running."""
-        return any(s == session_id for s, _ in self._active | self._queued)
+        return session_id in self._by_session
 
     def observe(self, event: AnyEvent) -> None:
         """Follow one event (others than tool and session-end events change nothing)."""
         if event.kind == "session_end":
             # A session's tool that never reported its end is over with the session.
-            self._queued = {key for key in self._queued if key[0] != event.session_id}
-            self._active = {key for key in self._active if key[0] != event.session_id}
+            for call_id in list(self._by_session.get(event.session_id, ())):
+                self._close(event.session_id, call_id)
         elif event.kind == "tool_enqueue":
-            self._queued.add((event.session_id, event.call_id))
+            self._open_call(event.session_id, event.call_id, started=False)
         elif event.kind == "tool_start":
-            self._queued.discard((event.session_id, event.call_id))
-            self._active.add((event.session_id, event.call_id))
+            self._open_call(event.session_id, event.call_id, started=True)
         elif event.kind == "tool_end":
-            self._queued.discard((event.session_id, event.call_id))
-            self._active.discard((event.session_id, event.call_id))
+            self._close(event.session_id, event.call_id)
             self.durations.record(event.tool, event.duration_s)
+
+    def _open_call(self, session_id: str, call_id: str, *, started: bool) -> None:
+        key = (session_id, call_id)
+        if key in self._open:
+            self._close(session_id, call_id)
+        elif len(self._open) >= self.limit:
+            self._close(*next(iter(self._open)))
+        self._open[key] = started
+        self._running += started
+        self._by_session.setdefault(session_id, set()).add(call_id)
+
+    def _close(self, session_id: str, call_id: str) -> None:
+        started = self._open.pop((session_id, call_id), None)
+        if started is None:
+            return
+        self._running -= started
+        calls = self._by_session[session_id]
+        calls.discard(call_id)
+        if not calls:
+            del self._by_session[session_id]
 
 
 class FollowsTools:

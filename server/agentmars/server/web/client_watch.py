@@ -5,7 +5,7 @@ streaming response that always closes its body iterator."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -59,12 +59,22 @@ class ClientWatch:
 
 class ClosingStreamingResponse(StreamingResponse):
     """A ``StreamingResponse`` that always closes its body iterator, so a client that
-    disconnects between chunks still ends the relay (and the engine's request) now."""
+    disconnects between chunks still ends the relay (and the engine's request) now;
+    ``on_close`` runs after it, whether the iterator ever started or not."""
+
+    def __init__(
+        self, content: Any, *, on_close: Callable[[], None] = lambda: None, **options: Any
+    ) -> None:
+        super().__init__(content, **options)
+        self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            try:
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            finally:
+                self._on_close()

@@ -4,7 +4,9 @@
 into an ``EventHub``; ``create_collector_app`` wraps it into a standalone
 collector. A batch is all-or-nothing: if any line fails to decode, none of it
 is ingested and the 400 response lists every bad line, so a sender can fix and
-resend the whole batch without creating duplicates.
+resend the whole batch without creating duplicates; a body past
+``DEFAULT_MAX_BODY_BYTES`` or an event past ``MAX_EVENT_BYTES`` is a 413, again with
+nothing ingested. The hub keeps at most ``MAX_EVENTS`` events and ``MAX_KEPT_BYTES``.
 """
 
 from __future__ import annotations
@@ -31,19 +33,45 @@ from agentmars.sdk.events import (
     decode_event,
     decode_jsonl,
 )
+from agentmars.sdk.http_guard import RequestGuard, guarded_server
 
 log = logging.getLogger("agentmars.server")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+"""A ``POST /v1/events`` body's limit (413 past it): an ``HttpSink`` batch is far smaller."""
 EVENTS_PATH = "/v1/events"
 
 Subscriber = Callable[[Sequence[AnyEvent]], None]
 """Called with each accepted batch, on the thread that ingested it."""
 
 
+MAX_EVENTS = 100_000
+"""Events the hub keeps at most (the oldest go first)."""
+MAX_KEPT_BYTES = 64 * 1024 * 1024
+"""Bytes of events the hub keeps at most (``kept_size``; the oldest go first)."""
+MAX_EVENT_BYTES = 1024 * 1024
+"""Our choice: the largest event ``POST /v1/events`` takes (its JSON; a batch holding a
+larger one is refused whole with 413). The schema's events are a few hundred bytes; a
+megabyte leaves room for long error texts and metadata."""
+EVENT_OVERHEAD_BYTES = 1024
+"""What a kept event holds besides its JSON's bytes: the Python objects around it
+(measured: a 240-byte ``tool_start`` takes about 1.5 KB as a decoded event)."""
+
+
+def kept_size(event: AnyEvent) -> int:
+    """What keeping ``event`` costs the hub, in bytes: its JSON plus the overhead."""
+    return len(event.to_json()) + EVENT_OVERHEAD_BYTES
+
+
+class EventTooLarge(ValueError):
+    """An event posted from outside is larger than ``MAX_EVENT_BYTES``."""
+
+
 class EventHub:
-    """Thread-safe store of received events: keeps the latest ``max_events``,
-    counts all of them, and hands every accepted batch to its subscribers.
+    """Thread-safe store of received events: keeps the latest ``max_events`` whose
+    ``kept_size`` adds up to at most ``max_bytes`` (an event larger than that on its own
+    is handed to the subscribers but not kept), counts all of them, and hands every
+    accepted batch to its subscribers.
 
     Subscribers run outside the hub's store lock, on the publishing thread, one
     batch at a time: a batch reaches every subscriber before the next batch reaches
@@ -52,10 +80,15 @@ class EventHub:
     cause). One that raises is logged and does not affect ingestion or the others.
     """
 
-    def __init__(self, max_events: int = 100_000) -> None:
+    def __init__(self, max_events: int = MAX_EVENTS, max_bytes: int = MAX_KEPT_BYTES) -> None:
         if max_events < 1:
             raise ValueError(f"max_events must be >= 1, got {max_events}")
-        self._events: deque[AnyEvent] = deque(maxlen=max_events)
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self._events: deque[tuple[AnyEvent, int]] = deque()
+        self._kept_bytes = 0
         self._count = 0
         self._subscribers: tuple[Subscriber, ...] = ()
         self._lock = threading.Lock()
@@ -68,15 +101,23 @@ class EventHub:
         """Events received since the hub was made (including ones no longer kept)."""
         return self._count
 
+    @property
+    def kept_bytes(self) -> int:
+        """The ``kept_size`` of the kept events, added up."""
+        return self._kept_bytes
+
     def events(self) -> list[AnyEvent]:
         """A snapshot of the kept events, oldest first."""
         with self._lock:
-            return list(self._events)
+            return [event for event, _ in self._events]
 
-    def publish(self, events: Sequence[AnyEvent]) -> None:
+    def publish(self, events: Sequence[AnyEvent], sizes: Sequence[int] | None = None) -> None:
+        """Keep and deliver ``events`` (``sizes``: their ``kept_size``, if known)."""
+        if sizes is None:
+            sizes = [kept_size(event) for event in events]
         with self._delivering:
             with self._lock:
-                self._events.extend(events)
+                self._keep(events, sizes)
                 self._count += len(events)
                 subscribers = self._subscribers
                 self._grew.notify_all()
@@ -85,6 +126,13 @@ class EventHub:
                     subscriber(events)
                 except Exception:  # one bad consumer must not break ingestion
                     log.exception("agentmars event subscriber %r failed", subscriber)
+
+    def _keep(self, events: Sequence[AnyEvent], sizes: Sequence[int]) -> None:
+        for event, size in zip(events, sizes, strict=True):
+            self._events.append((event, size))
+            self._kept_bytes += size
+        while len(self._events) > self.max_events or self._kept_bytes > self.max_bytes:
+            self._kept_bytes -= self._events.popleft()[1]
 
     def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
         """Add a subscriber; returns the function that removes it again."""
@@ -166,57 +214,41 @@ def _check_bearer(request: Request, expected: bytes) -> None:
         raise HTTPException(401, UNAUTHORISED, headers={"WWW-Authenticate": "Bearer"})
 
 
-def _too_large(limit: int) -> HTTPException:
-    return HTTPException(status_code=413, detail=f"request body exceeds {limit} bytes")
-
-
-def _declared_length(request: Request) -> int | None:
-    declared = request.headers.get("content-length")
-    if declared is None:
-        return None
-    try:
-        return int(declared)
-    except ValueError:
-        raise HTTPException(status_code=400, detail="invalid Content-Length header") from None
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = _declared_length(request)
-    if declared is not None and declared > limit:
-        raise _too_large(limit)
-    # The declared length is only a hint (chunked bodies have none): count as we read.
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _sized(events: list[AnyEvent]) -> list[int]:
+    """Each event's ``kept_size``; ``EventTooLarge`` if one is past ``MAX_EVENT_BYTES``."""
+    sizes = [kept_size(event) for event in events]
+    for number, size in enumerate(sizes, start=1):
+        if size - EVENT_OVERHEAD_BYTES > MAX_EVENT_BYTES:
+            raise EventTooLarge(
+                f"event {number} of the batch is {size - EVENT_OVERHEAD_BYTES} bytes of JSON, "
+                f"over the limit of {MAX_EVENT_BYTES} bytes per event; none were ingested"
+            )
+    return sizes
 
 
 def _ingest(hub: EventHub, body: bytes) -> int:
     try:
         events = decode_batch(body)
+        sizes = _sized(events)
     except BatchRejected as exc:
         raise HTTPException(status_code=400, detail=exc.detail) from None
-    hub.publish(events)
+    except EventTooLarge as exc:
+        raise HTTPException(status_code=413, detail=str(exc)) from None
+    hub.publish(events, sizes)
     return len(events)
 
 
-def ingest_router(
-    hub: EventHub, token: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-) -> APIRouter:
-    """``POST /v1/events``: authenticated, size-limited, all-or-nothing batch ingestion."""
+def ingest_router(hub: EventHub, token: str) -> APIRouter:
+    """``POST /v1/events``: authenticated, all-or-nothing batch ingestion. The body's
+    size is bounded by the ``RequestGuard`` in front of the app (``create_collector_app``
+    and the gateway put one there, ``DEFAULT_MAX_BODY_BYTES``), which reads no more."""
     expected = check_token(token)
-    if max_body_bytes < 1:
-        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     router = APIRouter()
 
     @router.post(EVENTS_PATH)
     async def ingest_events(request: Request) -> dict[str, int]:
         _check_bearer(request, expected)
-        body = await _read_body(request, max_body_bytes)
+        body = await request.body()
         # Decoding a large batch takes milliseconds of CPU: keep it off the event loop.
         accepted = await run_in_threadpool(_ingest, hub, body)
         return {"accepted": accepted}
@@ -241,12 +273,16 @@ def create_collector_app(
     hub: EventHub | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
-    """A standalone collector: ``POST /v1/events`` into ``app.state.hub`` and ``GET /healthz``."""
+    """A standalone collector: ``POST /v1/events`` into ``app.state.hub`` and ``GET /healthz``;
+    a request body past ``max_body_bytes`` gets 413 (``RequestGuard``)."""
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     if hub is None:
         hub = EventHub()
     app = FastAPI(title="agentmars collector", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.hub = hub
-    app.include_router(ingest_router(hub, token, max_body_bytes=max_body_bytes))
+    app.include_router(ingest_router(hub, token))
+    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
     install_error_handlers(app)
 
     @app.get("/healthz")
@@ -265,8 +301,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     import argparse
     import os
 
-    import uvicorn
-
     parser = argparse.ArgumentParser(
         prog="python -m agentmars.server.web.ingest", description=main.__doc__
     )
@@ -276,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
         parser.error(f"set {TOKEN_ENV} to the token senders must present")
-    uvicorn.run(create_collector_app(token), host=args.host, port=args.port, log_level="warning")
+    guarded_server(create_collector_app(token), host=args.host, port=args.port).run()
 
 
 if __name__ == "__main__":

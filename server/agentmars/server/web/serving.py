@@ -1,6 +1,7 @@
 """Stand up real HTTP servers on loopback for the demo, the benchmarks and the tests.
 
-``serve_in_thread`` runs an ASGI app with uvicorn on a background thread;
+``serve_in_thread`` runs an ASGI app with uvicorn on a background thread (a
+``guarded_server``: slow clients time out, ``agentmars.sdk.http_guard``);
 ``serve_in_subprocess`` runs a server command in its own process group (its
 own GIL and core). Both wait until the server answers and always stop it.
 """
@@ -19,18 +20,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
+
+from agentmars.sdk.http_guard import guarded_server
 
 
 @contextlib.contextmanager
 def serve_in_thread(
-    app: Any, *, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 10.0
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    startup_timeout_s: float = 10.0,
+    **server_config: Any,
 ) -> Iterator[str]:
-    """Serve ``app`` until the block ends; yields its base URL (``http://host:port``)."""
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", access_log=False, lifespan="on"
-    )
-    server = uvicorn.Server(config)
+    """Serve ``app`` until the block ends; yields its base URL (``http://host:port``).
+    ``server_config`` goes to ``guarded_server`` (e.g. ``header_timeout_s``)."""
+    server_config = {"access_log": False, "lifespan": "on", **server_config}
+    server = guarded_server(app, host=host, port=port, **server_config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{host}:{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout_s

@@ -254,7 +254,9 @@ def test_a_client_leaving_mid_stream_aborts_the_call_and_frees_its_blocks() -> N
         (b'{"prompt": "hi", "stream": "yes"}', 400, "stream"),
         (b'{"model": 7, "prompt": "hi"}', 400, "model"),
         (b'{"prompt": "hi", "vllm_xargs": {"turn": "one"}}', 400, "turn"),
-        (b'{"prompt": "' + b"w" * 131072 + b'"}', 400, "maximum context length is 32768"),
+        # 32769 tokens (a prompt of exactly 32768 leaves no room: vLLM's "max_tokens
+        # must be at least 1", test_hostile_input).
+        (b'{"prompt": "' + b"w" * 131073 + b'"}', 400, "maximum context length is 32768"),
     ],
 )
 def test_bad_input_gets_a_4xx_with_a_message(

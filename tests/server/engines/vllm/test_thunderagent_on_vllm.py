@@ -121,7 +121,7 @@ def _of(gateway: Gateway, kind: type[AnyEvent]) -> list[AnyEvent]:
 
 
 def _waiting(gateway: Gateway) -> list[str]:
-    return [session.session_id for session in gateway.admission.waiting]
+    return list(gateway.admission.waiting)
 
 
 class TestThunderAgentOnVllm:

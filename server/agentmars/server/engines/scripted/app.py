@@ -24,6 +24,8 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard
+
 
 @dataclass(frozen=True)
 class ScriptedLatency:
@@ -67,6 +69,27 @@ def _tool_call(body: dict[str, Any]) -> dict[str, Any]:
 def _reply_tokens(body: dict[str, Any]) -> list[str]:
     count = int(body.get("max_tokens") or body.get("max_completion_tokens") or 8)
     return [f"tok{i} " for i in range(max(1, min(count, 64)))]
+
+
+def _check_shape(body: dict[str, Any], chat: bool) -> None:
+    """Refuse (400) what the reply rules above cannot read, rather than fail on it.
+    NOTE: a text completion's "messages" is not checked: one that is not a list of
+    objects still fails (500), the crash tests/server/gateway/test_proxy.py needs."""
+    for name in ("messages", "tools") if chat else ("tools",):
+        items = body.get(name)
+        if items is not None and not (
+            isinstance(items, list) and all(isinstance(item, dict) for item in items)
+        ):
+            raise HTTPException(400, f"'{name}' must be a list of objects")
+    tools = body.get("tools") or [{}]
+    if not isinstance(tools[0].get("function", {}), dict):
+        raise HTTPException(400, "a tool's 'function' must be an object")
+    if not isinstance(body.get("stream_options") or {}, dict):
+        raise HTTPException(400, "'stream_options' must be an object")
+    try:
+        _reply_tokens(body)
+    except (TypeError, ValueError, OverflowError):  # e.g. "abc", NaN, 1e400
+        raise HTTPException(400, "'max_tokens' must be an integer") from None
 
 
 def _usage(body: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
@@ -173,6 +196,7 @@ def create_scripted_llm_app(
             )
         if chat and not isinstance(body.get("messages"), list):
             raise HTTPException(400, "chat completion needs a 'messages' list")
+        _check_shape(body, chat)
         app.state.requests.append(RecordedRequest(request.url.path, dict(request.headers), body))
         reply = _Reply(body, chat, app.state.latency)
         if body.get("stream"):
@@ -194,4 +218,6 @@ def create_scripted_llm_app(
             "data": [{"id": model, "object": "model", "owned_by": "agentmars"}],
         }
 
+    # Bodies bounded as they arrive, as in front of the gateway (a chunked body too).
+    app.add_middleware(RequestGuard, max_body_bytes=COMPLETION_BODY_BYTES)
     return app

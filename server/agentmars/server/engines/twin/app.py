@@ -20,8 +20,10 @@ fixed vocabulary (no end-of-sequence: ``finish_reason`` is always ``length``); w
 the context, which a model without an end token would really do).
 
 Errors carry vLLM's body (``{"error": {"message", "type", "param", "code"}}``): 400 for
-a body that is not a JSON object or a field of the wrong type, and for a prompt the
-context cannot hold (vLLM's message); 404 for another model.
+a body that is not a JSON object of valid Unicode (a lone surrogate such as ``"\ud800"``
+anywhere in it), a field of the wrong type or out of range (``vllm_xargs`` as the
+gateway checks it, ``call_metadata``), ``max_tokens`` above the context and a prompt the
+context cannot hold (vLLM 0.32's messages); 404 for another model.
 
 This module is the twin's web layer (``engines.twin.engine`` imports no web framework,
 so the twin's engine installs where the simulator does).
@@ -41,11 +43,25 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard
 from agentmars.sdk.integrations.request import SESSION_HEADER
-from agentmars.server.engines.twin.engine import CallRequest, CallStream, LiveEngine, LiveError
+from agentmars.server.engines.twin.engine import (
+    CallRequest,
+    CallStream,
+    LiveEngine,
+    LiveError,
+    output_limit_error,
+)
 from agentmars.server.web.client_watch import ClientGone, ClientWatch, ClosingStreamingResponse
 
 CHARS_PER_TOKEN = 4
+MAX_NAME = 256
+"""Longest session id, call id, tool or agent name (the events' ``Id`` bound)."""
+MAX_TURN = 2**53
+"""Largest ``turn`` (the events' bound on counts: JSON numbers past it lose precision)."""
+XARGS_INTS = (-(2**63), 2**64)
+"""Integers ``vllm_xargs`` may carry (vLLM checks its ``extra_args`` so: its engine's
+MessagePack transport holds 64 bits)."""
 DEFAULT_MAX_TOKENS = 16
 WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 """The synthetic answer's vocabulary: token ``i`` is ``WORDS[i % 8]`` and a space."""
@@ -62,7 +78,9 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         kind = "NotFoundError" if self.status == 404 else "BadRequestError"
-        body = {"message": self.message, "type": kind, "param": self.param, "code": self.status}
+        # An echoed input never stops the answer: what UTF-8 cannot hold is escaped.
+        message = self.message.encode("utf-8", "backslashreplace").decode("utf-8")
+        body = {"message": message, "type": kind, "param": self.param, "code": self.status}
         return JSONResponse({"error": body}, status_code=self.status)
 
 
@@ -81,7 +99,34 @@ def _json_object(raw: bytes) -> dict[str, Any]:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
+    surrogate = _lone_surrogate(body)
+    if surrogate is not None:
+        raise ApiError(
+            400,
+            f"request body is not valid Unicode: a string holds the lone surrogate "
+            f"{surrogate!r} (U+{ord(surrogate):04X}), which no UTF-8 text can hold",
+        )
     return body
+
+
+def _lone_surrogate(body: object) -> str | None:
+    """The first lone surrogate in any key or string of a parsed body (JSON's
+    ``"\\ud800"`` escape, or its bytes, which ``json.loads`` lets through), else None."""
+    pending = [body]
+    while pending:  # not recursive: the body may nest as deep as the parser allowed
+        value = pending.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    return value[exc.start]
+        elif isinstance(value, dict):
+            pending += value.keys()
+            pending += value.values()
+        elif isinstance(value, list):
+            pending += value
+    return None
 
 
 def completion_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
@@ -92,11 +137,13 @@ def completion_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         return prompt, synthetic_tokens(prompt)
-    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
         # A delimiter after every id keeps "1,2," from being a prefix of "1,23,".
         return "".join(f"{token}," for token in prompt), len(prompt)
     raise ApiError(
-        400, "'prompt' must be a string or a non-empty list of token ids (one prompt)", "prompt"
+        400,
+        "'prompt' must be a string or a non-empty list of token ids >= 0 (one prompt)",
+        "prompt",
     )
 
 
@@ -127,54 +174,130 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _max_tokens(body: Mapping[str, Any]) -> int:
-    value = body.get("max_completion_tokens", body.get("max_tokens"))
+def _max_tokens(body: Mapping[str, Any], limit: int) -> int:
+    """The output budget the client asked for (``max_completion_tokens`` before
+    ``max_tokens``), refused with vLLM 0.32's message when above the context
+    ``limit`` (a prompt plus it above the context is served shortened, as vLLM does)."""
+    param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else None
+    param = param or "max_tokens"
+    value = body.get(param)
     if value is None:
         return DEFAULT_MAX_TOKENS
-    if not _is_int(value) or value < 1:
-        raise ApiError(400, f"'max_tokens' must be a positive integer, got {value!r}", "max_tokens")
+    if not _is_int(value):
+        raise ApiError(400, f"'{param}' must be a positive integer, got {value!r:.80}", param)
+    if value < 1:
+        raise ApiError(
+            400,
+            f"max_tokens must be at least 1, got {value}. (parameter={param}, value={value})",
+            param,
+        )
+    if value > limit:
+        raise ApiError(400, str(output_limit_error(value, limit, param)), param)
     return int(value)
 
 
 def _xargs(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``vllm_xargs``, its integers within vLLM's bounds (``XARGS_INTS``)."""
     xargs = body.get("vllm_xargs") or {}
     if not isinstance(xargs, Mapping):
         raise ApiError(400, "'vllm_xargs' must be a JSON object", "vllm_xargs")
+    pending: list[object] = [xargs]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, int) and not XARGS_INTS[0] <= value < XARGS_INTS[1]:
+            raise ApiError(
+                400, "extra_args integers must be between -2**63 and 2**64 - 1.", "vllm_xargs"
+            )
+        if isinstance(value, Mapping):
+            pending += value.values()
+        elif isinstance(value, list):
+            pending += value
     return xargs
+
+
+def _name(value: object, field: str, *, empty: bool = False) -> str | None:
+    """An id or name as the events carry it (1 to ``MAX_NAME`` characters; ``empty``:
+    "" is taken as not given); ids may come as integers."""
+    if value is None or (empty and value == ""):
+        return None
+    if _is_int(value):
+        value = str(value)
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME:
+        raise ApiError(
+            400,
+            f"{field} must be a non-empty string of at most {MAX_NAME} characters, "
+            f"got {value!r:.80}",
+            field,
+        )
+    return value
 
 
 def _session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
     named = _xargs(body).get("session_id") or body.get("session_id")
     named = named or headers.get(SESSION_HEADER.lower())
-    if named is not None and not isinstance(named, str | int):
-        raise ApiError(400, "'session_id' must be a string", "session_id")
-    return str(named) if named else None
+    return _name(named or None, "session_id")
 
 
-def call_request(body: Mapping[str, Any], headers: Mapping[str, str], *, chat: bool) -> CallRequest:
+def _flag(xargs: Mapping[str, Any], name: str) -> bool:
+    value = xargs.get(name, False)
+    # As the gateway reads them (call_metadata): vLLM's extra_args carry ints, so 0/1.
+    if isinstance(value, float) or value not in (0, 1):
+        raise ApiError(400, f"vllm_xargs.{name} must be 0 or 1, got {value!r:.80}", "vllm_xargs")
+    return bool(value)
+
+
+def _turn(xargs: Mapping[str, Any]) -> int | None:
+    turn = xargs.get("turn")
+    if turn is not None and (not _is_int(turn) or not 0 <= turn <= MAX_TURN):
+        raise ApiError(
+            400,
+            f"vllm_xargs.turn must be an integer from 0 to 2**53, got {turn!r:.80}",
+            "vllm_xargs",
+        )
+    return turn
+
+
+def _seconds(xargs: Mapping[str, Any], name: str) -> float | None:
+    """A duration hint: a finite number >= 0 (NaN, infinities and numbers beyond a
+    float, such as 10**400, are refused)."""
+    value = xargs.get(name)
+    if value is None:
+        return None
+    seconds = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        with contextlib.suppress(OverflowError):
+            seconds = float(value)
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        raise ApiError(
+            400,
+            f"vllm_xargs.{name} must be a finite number of seconds >= 0, got {value!r:.80}",
+            "vllm_xargs",
+        )
+    return seconds
+
+
+def call_request(
+    body: Mapping[str, Any], headers: Mapping[str, str], *, chat: bool, max_model_len: int
+) -> CallRequest:
     """The engine's view of one request body (see the module docstring)."""
     if body.get("n", 1) != 1:
         raise ApiError(400, "only n=1 is served by the simulated engine", "n")
+    max_tokens = _max_tokens(body, max_model_len)
     prompt, tokens = chat_prompt(body) if chat else completion_prompt(body)
     xargs = _xargs(body)
-    turn = xargs.get("turn")
-    expected = xargs.get("expected_tool_s")
-    if turn is not None and (not _is_int(turn) or turn < 0):
-        raise ApiError(400, "vllm_xargs 'turn' must be a non-negative integer", "vllm_xargs")
-    if expected is not None and (not isinstance(expected, int | float) or expected < 0):
-        raise ApiError(400, "vllm_xargs 'expected_tool_s' must be a number >= 0", "vllm_xargs")
+    next_tool = xargs.get("next_tool")
     return CallRequest(
         prompt=prompt,
         prompt_tokens=tokens,
-        max_tokens=_max_tokens(body),
+        max_tokens=max_tokens,
         session_id=_session_id(body, headers),
-        turn=turn,
-        follows_tool=bool(xargs.get("follows_tool", False)),
-        expects_tool=bool(xargs.get("expects_tool", False)),
-        next_tool=str(xargs["next_tool"]) if xargs.get("next_tool") else None,
-        expected_tool_s=float(expected) if expected is not None else None,
-        agent=str(xargs.get("agent", "")),
-        call_id=str(xargs["call_id"]) if xargs.get("call_id") else None,
+        turn=_turn(xargs),
+        follows_tool=_flag(xargs, "follows_tool"),
+        expects_tool=_flag(xargs, "expects_tool"),
+        next_tool=_name(next_tool, "vllm_xargs.next_tool", empty=True) if next_tool else None,
+        expected_tool_s=_seconds(xargs, "expected_tool_s"),
+        agent=_name(xargs.get("agent"), "vllm_xargs.agent", empty=True) or "",
+        call_id=_name(xargs.get("call_id"), "vllm_xargs.call_id", empty=True),
     )
 
 
@@ -360,10 +483,13 @@ def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
             raise ApiError(400, "'stream' must be true or false", "stream")
         if body.get("model") not in (None, served):
             raise ApiError(404, f"The model `{body['model']}` does not exist.", "model")
+        limit = engine.profile.max_model_len
         try:
-            stream = engine.submit(call_request(body, request.headers, chat=chat))
+            stream = engine.submit(
+                call_request(body, request.headers, chat=chat, max_model_len=limit)
+            )
         except LiveError as exc:
-            raise ApiError(400, str(exc), "input_tokens") from None
+            raise ApiError(400, str(exc), exc.param) from None
         answer = Answer(served, chat=chat)
         if body.get("stream"):
             events = _stream_events(engine, stream, answer, _stream_usage(body))
@@ -409,4 +535,6 @@ def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
         return exc.response()
 
     app.add_exception_handler(ApiError, api_error)
+    # Bodies bounded as they arrive, as in front of the gateway (a chunked body too).
+    app.add_middleware(RequestGuard, max_body_bytes=COMPLETION_BODY_BYTES)
     return app

@@ -42,6 +42,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from agentmars.sdk.events import (
     AnyEvent,
     KVStats,
@@ -52,7 +54,7 @@ from agentmars.sdk.events import (
 from agentmars.server.metrics.records import CallRecord, SessionRecord
 from agentmars.server.policies.capabilities import Capability, PolicyRefused, refuse_unless
 from agentmars.server.policies.feed import EventFeed
-from agentmars.server.policies.interface import Policy, Publish, Release, SessionAction
+from agentmars.server.policies.interface import Pin, Policy, Publish, Release, SessionAction
 from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
 from agentmars.server.profiles.cost_model import CostModel, Profile
 from agentmars.server.sim.engine_core import KVEngineView
@@ -72,7 +74,22 @@ IDLE_WAKE_S = 1.0
 
 
 class LiveError(ValueError):
-    """A call this engine cannot serve; the message says why (an HTTP 400)."""
+    """A call this engine cannot serve; the message says why (an HTTP 400), ``param``
+    names the request field at fault (vLLM's ``param``)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def output_limit_error(max_tokens: int, limit: int, param: str = "max_tokens") -> LiveError:
+    """vLLM 0.32's answer to ``max_tokens`` (or ``max_completion_tokens``, ``param``)
+    above the whole context (``TokenizeParams``), before the prompt is looked at."""
+    return LiveError(
+        f"{param}={max_tokens} cannot be greater than max_model_len={limit}. Please request "
+        f"fewer output tokens. (parameter={param}, value={max_tokens})",
+        param,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,21 +246,57 @@ class LiveEngine(KVEngineView, FollowsTools):
 
     def check(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The call's ``max_tokens``: the client's, capped by what the context leaves
-        (as vLLM does); ``LiveError`` (vLLM's message) if the prompt leaves no room."""
+        (as vLLM 0.32 does: a prompt plus ``max_tokens`` above the context is served,
+        shortened); ``LiveError`` with vLLM 0.32's message and parameter when
+        ``max_tokens`` alone is above the context, the prompt is, or the prompt leaves
+        no room for one token."""
         limit = self.profile.max_model_len
-        if prompt_tokens >= limit:
+        if max_tokens is not None and max_tokens > limit:
+            raise output_limit_error(max_tokens, limit)
+        if prompt_tokens > limit:
+            # vLLM's tokenizer stops one token past the limit, hence its "at least".
+            least = "at least " if prompt_tokens == limit + 1 else ""
             raise LiveError(
                 f"This model's maximum context length is {limit} tokens. However, your "
-                f"prompt contains {prompt_tokens} input tokens, which exceeds this limit "
-                f"even without any output tokens. Please reduce the length of the input prompt."
+                f"prompt contains {least}{prompt_tokens} input tokens, which exceeds this "
+                f"limit even without any output tokens. Please reduce the length of the "
+                f"input prompt. (parameter=input_tokens, value={prompt_tokens})",
+                "input_tokens",
             )
         room = limit - prompt_tokens
+        if room == 0:  # vLLM caps max_tokens at the room left, then refuses 0
+            raise LiveError(
+                "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+                "max_tokens",
+            )
         return room if max_tokens is None else min(max_tokens, room)
 
     def submit(self, request: CallRequest) -> CallStream:
         """Queue a call; read its tokens from the returned stream."""
         max_tokens = self.check(request.prompt_tokens, request.max_tokens)
         call_id = request.call_id or f"live-{next(self._call_ids)}"
+        try:
+            live, call = self._new_call(request, call_id, max_tokens)
+            self._emit_submit(call)
+        except ValidationError as error:
+            # An id, name or turn the events cannot carry (the API checks them first):
+            # refused before the engine holds anything of the call.
+            problem = error.errors()[0]
+            where = ".".join(str(part) for part in problem["loc"])
+            raise LiveError(f"the call cannot be served: {where}: {problem['msg']}") from None
+        live.calls += 1
+        live.in_flight += 1
+        stream = self._streams[call] = CallStream(call)
+        if live.session.paused:
+            live.session.held.append(call)
+        else:
+            self.scheduler.waiting.append(call)
+            self._work.set()
+        return stream
+
+    def _new_call(
+        self, request: CallRequest, call_id: str, max_tokens: int
+    ) -> tuple[_LiveSession, Call]:
         live = self._live_session(request, call_id)
         now = self.now
         turn = request.turn if request.turn is not None else live.calls
@@ -260,16 +313,7 @@ class LiveEngine(KVEngineView, FollowsTools):
             expected_tool_s=request.expected_tool_s,
             record=CallRecord(turn, now, now, now, request.prompt_tokens, 0),
         )
-        live.calls += 1
-        live.in_flight += 1
-        stream = self._streams[call] = CallStream(call)
-        self._emit_submit(call)
-        if live.session.paused:
-            live.session.held.append(call)
-        else:
-            self.scheduler.waiting.append(call)
-            self._work.set()
-        return stream
+        return live, call
 
     def _live_session(self, request: CallRequest, call_id: str) -> _LiveSession:
         session_id = request.session_id or call_id
@@ -283,7 +327,10 @@ class LiveEngine(KVEngineView, FollowsTools):
             self._sessions.move_to_end(session_id)
             head = request.prompt[: live.context_chars]
             if len(head) < live.context_chars or _digest(head) != live.context_digest:
-                # The context did not grow from the previous prompt: start it over.
+                # The context did not grow from the previous prompt: start it over. The
+                # old context's pin can never hit again, and the scheduler never drops
+                # a call's own session's pin to make room for it: drop it now.
+                self.kv.unpin(session_id)
                 old = live.session
                 live.session = self._new_session(session_id, old.agent, old.arrival_s)
                 live.session.paused, live.session.held = old.paused, old.held
@@ -432,6 +479,10 @@ class LiveEngine(KVEngineView, FollowsTools):
         # A call that named no session is a session of its own: nothing to keep for it.
         named = call.call_id != call.session_id
         decision = self.half.on_call_finished(call, self) if named else Release()
+        if isinstance(decision, Pin):
+            # NOTE: ours — a session's calls may overlap here (never in the simulator):
+            # its latest pin replaces an earlier one, whose blocks would else stay held.
+            self.kv.unpin(call.session_id)
         freed = len(call.blocks)
         pin = self.keep_or_free(call, decision, self.now)
         freed -= pin.blocks if pin is not None else 0
