@@ -39,6 +39,7 @@ def session(
     agent: str = "agent",
     calls: Sequence[CallRecord] = (),
     tools: Sequence[ToolRecord] = (),
+    task_id: str | None = None,
 ) -> SessionRecord:
     return SessionRecord(
         session_id=session_id,
@@ -48,6 +49,7 @@ def session(
         end_s=end_s,
         calls=list(calls),
         tools=list(tools),
+        task_id=task_id,
     )
 
 

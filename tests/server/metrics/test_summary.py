@@ -155,6 +155,47 @@ def test_finish_time_fair_ratio_against_vtc() -> None:
     assert fairness.at_most_1 == pytest.approx(1 / 3)
 
 
+# --- fairness per agent instance ---------------------------------------------------
+# Task "t" (class "dm") fans out into three branch sessions; "u" (class "ev") is a
+# session of its own.
+# instance  sessions          run: arrival-end  JCT   under VTC  JCT   fair ratio
+# t         t.0, t.1, t.2     0 - 30            30    0 - 20     20    1.5
+# u         u                 2 - 10            8     2 - 18     16    0.5
+
+
+def _fan_out(ends: tuple[float, float, float], u_end: float, policy: str) -> RunRecord:
+    branches = [session(f"t.{i}", 0, end, agent="dm", task_id="t") for i, end in enumerate(ends)]
+    return run([*branches, session("u", 2, u_end, agent="ev")], 30, policy=policy)
+
+
+def test_the_fair_ratio_is_per_agent_instance() -> None:
+    # Branch by branch the ratios would be 10/20, 30/5, 12/15 (and 0.5 for u): a mean
+    # of 1.7 over four "agents", the worst 6. The job seed 004 measures is the agent
+    # instance: first arrival to last end.
+    under_vtc = _fan_out((20, 5, 15), 18, "vtc")
+    fairness = summarize(_fan_out((10, 30, 12), 10, "fcfs"), fair_reference=under_vtc).fairness
+    assert fairness is not None
+    assert fairness.by_agent == pytest.approx({"dm": 1.5, "ev": 0.5})
+    assert (fairness.mean, fairness.max, fairness.at_most_1) == pytest.approx((1.0, 1.5, 0.5))
+
+
+def test_an_instance_with_a_branch_unfinished_is_left_out() -> None:
+    # t.2 did not finish in the run: t has no completion time yet.
+    cut = _fan_out((10, 30, 12), 10, "fcfs")
+    cut.sessions = [s for s in cut.sessions if s.session_id != "t.2"]
+    cut.unfinished = ["t.2"]
+    fairness = summarize(cut, fair_reference=_fan_out((20, 5, 15), 18, "vtc")).fairness
+    assert fairness is not None
+    assert fairness.by_agent == {"ev": 0.5}
+
+
+def test_a_reference_grouping_sessions_differently_is_refused() -> None:
+    under_vtc = _fan_out((20, 5, 15), 18, "vtc")
+    under_vtc.sessions[1].task_id = "other"
+    with pytest.raises(ValueError, match=r"fair_reference puts session 't.1' in agent instance"):
+        summarize(_fan_out((10, 30, 12), 10, "fcfs"), fair_reference=under_vtc)
+
+
 def test_without_references_the_relative_metrics_are_absent() -> None:
     summary = summarize(_three_sessions())
     assert summary.slowdown is None and summary.goodput is None

@@ -1,9 +1,11 @@
-"""Autellix PLAS: a call's queue follows its program's attained service, the first
-queue takes starving programs, the victim comes from the lowest queue, and preempted
-calls are swapped to the CPU tier instead of recomputed."""
+"""Autellix PLAS: a call's queue follows its program's attained service, measured in
+mean calls' service by default; the first queue takes starving programs, the victim
+comes from the lowest queue, and preempted calls are swapped to the CPU tier instead
+of recomputed."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -11,6 +13,11 @@ import pytest
 from agentmars.sdk.events import SessionEnd
 from agentmars.server.policies.autellix import Autellix, AutellixEngine
 from agentmars.server.policies.capabilities import Capability
+from agentmars.server.policies.interface import SortKey
+from agentmars.server.policies.views import CallView, EngineView
+from agentmars.server.profiles.cost_model import load_profile
+from agentmars.server.sim.engine import SimEngine
+from agentmars.server.workloads.registry import build_workload
 from tests.server.policies.scenarios import calls, ends, evictions, run, session, turn
 from tests.server.policies.views import EngineData, call
 
@@ -27,6 +34,13 @@ def served_program() -> AutellixEngine:
     return policy
 
 
+def finished(policy: AutellixEngine, session_id: str, service_s: float) -> None:
+    """A call of ``session_id`` finishes after ``service_s`` of service and no wait."""
+    policy.on_call_finished(
+        call(session_id, arrival_s=0.0, service_s=service_s), EngineData(now=service_s)
+    )
+
+
 @pytest.mark.parametrize(
     ("service_s", "queue"),
     [(0.0, 0), (0.25, 0), (0.5, 1), (0.75, 1), (1.0, 2), (1.5, 2), (2.0, 3), (100.0, 3)],
@@ -40,12 +54,56 @@ def test_queue_of_a_new_program_follows_the_calls_own_service(service_s: float, 
     assert policy.queue(running, EngineData(now=service_s)) == queue
 
 
-def test_default_boundaries_put_a_call_at_a_boundary_in_the_next_queue() -> None:
-    # Defaults (0.02, 0.04, 0.08, ...): 10 steps of 10 ms = 0.1 s -> queue 3
-    # ([0.08, 0.16)); exactly 0.04 s -> queue 2 ([0.04, 0.08)).
+def test_default_boundaries_are_in_mean_calls_of_service() -> None:
+    # Two calls finished, served 1.0 and 3.0 s: one unit = their mean, 2.0 s; the
+    # boundaries 1, 2, 4, 8, ... units are 2, 4, 8, 16, ... s. Program "p" (served 1.0
+    # s) is half a unit in: queue 0; "q" (3.0 s) 1.5 units: queue 1.
     policy = Autellix().engine()
-    assert policy.queue(call("p", service_s=0.1), EngineData(now=0.1)) == 3
-    assert policy.queue(call("p", service_s=0.04), EngineData(now=0.04)) == 2
+    finished(policy, "p", 1.0)
+    finished(policy, "q", 3.0)
+    assert policy.unit() == 2.0
+    view = EngineData(now=10.0)
+    assert policy.queue(call("p", 1, arrival_s=10.0), view) == 0
+    assert policy.queue(call("q", 1, arrival_s=10.0), view) == 1
+    # A call that has used up its queue's quantum is in the next one: "q" after 1.0 s
+    # more of service is at 4.0 s = 2 units, queue 2.
+    demoted = call("q", 1, arrival_s=10.0, service_s=1.0)
+    assert policy.queue(demoted, EngineData(now=11.0)) == 2
+    # 32 units and beyond: the last of 7 queues.
+    assert policy.queue(call("r", service_s=64.0), EngineData(now=64.0)) == 6
+
+
+def test_the_unit_follows_the_engine_not_the_clock() -> None:
+    # The same programs, a hundred times slower (a smaller GPU, a longer batch): the
+    # same queues. Fixed boundaries in seconds cannot do this.
+    fast, slow = Autellix().engine(), Autellix().engine()
+    for policy, scale in ((fast, 0.01), (slow, 1.0)):
+        for session_id, calls_served in (("a", 1), ("b", 3), ("c", 9)):
+            for _ in range(calls_served):
+                finished(policy, session_id, 1.0 * scale)
+    for session_id, queue in (("a", 1), ("b", 2), ("c", 4)):
+        waiting = call(session_id, 9, arrival_s=100.0)
+        assert fast.queue(waiting, EngineData(now=100.0)) == queue
+        assert slow.queue(waiting, EngineData(now=100.0)) == queue
+
+
+def test_before_any_call_finished_every_call_is_in_the_first_queue() -> None:
+    # No measure of a call's service yet: nothing to place programs on (FCFS).
+    policy = Autellix().engine()
+    assert policy.unit() is None
+    assert policy.queue(call("p", service_s=50.0), EngineData(now=50.0)) == 0
+
+
+def test_fixed_boundaries_in_seconds_are_still_available() -> None:
+    policy = Autellix(boundaries_s=(0.02, 0.04, 0.08)).engine()
+    finished(policy, "p", 10.0)  # the mean call plays no part
+    assert policy.queue(call("q", service_s=0.05), EngineData(now=0.05)) == 2
+    assert Autellix(boundaries_s=(0.5,)).settings() == {"boundaries_s": [0.5], "beta": 8.0}
+    assert Autellix().settings() == {"boundaries_calls": [1, 2, 4, 8, 16, 32], "beta": 8.0}
+    with pytest.raises(ValueError, match="not both"):
+        Autellix(boundaries_calls=(1.0,), boundaries_s=(1.0,))
+    with pytest.raises(ValueError, match="boundaries_calls must be positive and increasing"):
+        Autellix(boundaries_calls=(2.0, 1.0))
 
 
 def test_completed_calls_count_towards_the_programs_queue() -> None:
@@ -127,8 +185,9 @@ def test_a_new_program_goes_before_one_that_was_served() -> None:
         session("b", turn(16, 5), arrival_s=0.65),
     )
     # One call at a time (max_num_seqs 1). a's first call runs 0.00-0.10 (10 steps):
-    # program service 0.10 s -> queue 3 ([0.08, 0.16)), wait 0. Its tool ends at 0.60.
-    # c holds the engine 0.50-0.70. Waiting at 0.70: a's 2nd call (since 0.60, queue 3;
+    # the only finished call, so the unit is 0.10 s; program service 0.10 s = 1 unit
+    # -> queue 1 ([1, 2) units), wait 0. Its tool ends at 0.60.
+    # c holds the engine 0.50-0.70. Waiting at 0.70: a's 2nd call (since 0.60, queue 1;
     # wait 0.10 / service 0.10 = 1 < 8) and b (since 0.65, no service: queue 0).
     # Autellix: b 0.70-0.75, then a 0.75-0.80. FCFS: a 0.70-0.75, then b 0.75-0.80.
     autellix = run("autellix", *workload, max_num_seqs=1)
@@ -140,17 +199,73 @@ def test_a_new_program_goes_before_one_that_was_served() -> None:
 def test_the_preempted_call_reloads_its_kv_from_the_cpu_tier() -> None:
     record = run("autellix", session("a", turn(24, 20)), session("b", turn(24, 20)), blocks=4)
     # As FCFS's preemption case (test_fcfs.py) until 0.09: a and b hold 2 blocks each,
-    # both with 32 computed tokens (2 full blocks), 0.09 s of service (queue 3), same
-    # arrival. a needs a 3rd block: the victim is the newer of the two equals, b. Its 2
-    # full blocks are copied to the CPU tier, then freed; a takes b's 2nd block (1
-    # eviction at 0.09).
-    # 0.20: a ends; b is admitted: its 1st block is still on the GPU, its 2nd is in the
+    # both with 32 computed tokens (2 full blocks), 0.09 s of service, same arrival, and
+    # both in queue 0 (no call has finished yet). a needs a 3rd block: the victim is
+    # the newer of the two equals, b. Its 2 full blocks are copied to the CPU tier,
+    # then freed; a takes b's 2nd block (1 eviction at 0.09). The step waits for the
+    # copy (2 blocks, 20 ms): it ends at 0.12, and a's later steps 20 ms later.
+    # 0.22: a ends; b is admitted: its 1st block is still on the GPU, its 2nd is in the
     # CPU tier: 32 tokens found, nothing recomputed. Loading 1 block takes 10 ms.
-    # 0.21: b computes its 33rd token (taking a's cached 2nd block: 1 eviction), its
-    # 10th output; 10 more steps -> b ends at 0.32.
-    assert ends(record) == pytest.approx({"a": 0.20, "b": 0.32})
+    # 0.23: b computes its 33rd token (taking a's cached 2nd block: 1 eviction), its
+    # 10th output; 10 more steps -> b ends at 0.34.
+    assert ends(record) == pytest.approx({"a": 0.22, "b": 0.34})
     (b_call,) = calls(record, "b")
     assert (b_call.preemptions, b_call.recomputed_tokens) == (1, 0)
-    assert evictions(record) == [(0.09, 1), (0.21, 1)]
+    assert evictions(record) == [(0.09, 1), (0.23, 1)]
     # a: 24 + 19; b: 24 + 8 before, 1 + 10 after (FCFS recomputes 17 instead of 1).
     assert record.computed_tokens == 24 + 19 + (24 + 8) + (1 + 10)
+
+
+# --- on a realistic workload and engine -----------------------------------------------
+
+
+class QueueLog(Autellix):
+    """Autellix (defaults) whose engine half notes the queue of every call it orders."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queues: dict[tuple[str, int], int] = {}
+        """(session, turn) -> the call's queue the first time it was ordered."""
+
+    def engine(self) -> AutellixEngine:
+        return LoggedEngine(self.queues, self.boundaries_calls, self.beta)
+
+
+class LoggedEngine(AutellixEngine):
+    def __init__(
+        self, log: dict[tuple[str, int], int], boundaries: tuple[float, ...], beta: float
+    ) -> None:
+        super().__init__(boundaries, beta)
+        self.log = log
+
+    def priority(self, call: CallView, view: EngineView) -> SortKey:
+        key = super().priority(call, view)
+        self.log.setdefault((call.session_id, call.turn), key[0])
+        return key
+
+
+@pytest.mark.parametrize(
+    ("workload", "rate", "profile"),
+    [
+        ("ilr-1", 0.2, "h100-qwen3-coder-30b"),
+        ("swe-bench", 0.5, "h100-qwen3-coder-30b"),
+        ("react", 2.0, "cpu-tiny"),
+    ],
+)
+def test_programs_spread_over_the_queues_on_a_realistic_engine(
+    workload: str, rate: float, profile: str
+) -> None:
+    # The engine's steps take tens of ms to seconds (a prefill chunk 0.17-2.2 s on the
+    # H100 profile), far above the third-party 0.02-0.64 s boundaries, under which
+    # every resumed program sat in the last queue and PLAS was FCFS. In mean calls of
+    # service, programs past their first call are spread over the queues by how many
+    # calls they have had served.
+    policy = QueueLog()
+    SimEngine(
+        build_workload(workload, sessions=30, seed=1, rate=rate), policy, load_profile(profile)
+    ).run()
+    resumed = Counter(queue for (_, turn), queue in policy.queues.items() if turn > 0)
+    total = sum(resumed.values())
+    assert total >= 30
+    assert len(resumed) >= 3, resumed
+    assert resumed[6] < total / 2, resumed

@@ -1,6 +1,7 @@
 """InferCept: the three memory wastes of a call paused for a tool, and what each engine
 step does with the paused calls' KV: swap out (within the step's swap budget, most
-wasteful first), discard, or preserve.
+wasteful first, a pin larger than what is left of the budget in part and the rest at
+the next steps), discard, or preserve.
 
 Seed 001's Figure 1 (FCFS 11.66, SJF 10.33, SJF-total 11, optimized 10 time units) is
 not reproduced as completion times: the figure itself is missing from the text, which
@@ -66,14 +67,35 @@ def judged() -> tuple[InferCeptEngine, EngineData]:
     return policy, view
 
 
-def test_swap_the_most_wasteful_within_the_budget_then_discard_or_preserve() -> None:
+def test_swap_the_most_wasteful_within_the_budget_the_last_one_in_part() -> None:
     policy, view = judged()
-    # Budget 5: p (4 blocks) swapped, 1 left; q (2) does not fit: Discard 4.224 >=
-    # Preserve 3.2 -> preserved (no action); r (1) fits: swapped.
+    # Budget 5: p (4 blocks) swapped whole, 1 left; q (2 blocks): its last block
+    # swapped, budget spent; r: Discard 1.856 < Preserve 160 -> discarded.
     assert list(policy.tick(view)) == [
-        SessionAction("offload", "p"),
-        SessionAction("offload", "r"),
+        SessionAction("offload", "p", blocks=4),
+        SessionAction("offload", "q", blocks=1),
+        SessionAction("unpin", "r"),
     ]
+
+
+def test_a_pin_partly_swapped_is_finished_first_at_the_next_steps() -> None:
+    policy, view = judged()
+    policy.tick(view)
+    # 10 ms later p is in the CPU tier, q has 1 block left on the GPU, and a new pin n
+    # (5 blocks, tool ends 40.0: Discard 0.08 x 180 = 14.4 > p's 10.496 -> the most
+    # wasteful) has come. q's swap goes on first and is never discarded; n gets the
+    # 4 blocks left of the budget, its last 4.
+    paused(policy, "n", tool_s=30.0, at=10.0)
+    later = replace(view, now=10.01, pins=(PinData("q", 1, 16), PinData("n", 5, 80)))
+    assert list(policy.tick(later)) == [
+        SessionAction("offload", "q", blocks=1),
+        SessionAction("offload", "n", blocks=4),
+    ]
+    # Without budget at the step after (a 20 ms block), n's last block stays pinned
+    # though discarding would waste less than preserving: its swap has begun.
+    slow = replace(COSTS, transfer_s_per_block=0.02)
+    no_budget = replace(later, now=10.02, pins=(PinData("n", 1, 16),), costs=slow)
+    assert list(policy.tick(no_budget)) == []
 
 
 def test_without_swap_budget_the_cheaper_of_discard_and_preserve() -> None:
@@ -93,7 +115,7 @@ def test_no_more_is_swapped_than_the_cpu_tier_has_room_for() -> None:
     # Budget min(5, 4 free CPU blocks) = 4: p (4) swapped, none left; q preserved;
     # r (1 block) no longer fits: discarded (1.856 < 160).
     assert list(policy.tick(view)) == [
-        SessionAction("offload", "p"),
+        SessionAction("offload", "p", blocks=4),
         SessionAction("unpin", "r"),
     ]
 
@@ -106,8 +128,8 @@ def test_a_pin_whose_tool_has_ended_is_left_for_its_next_call() -> None:
     # are swapped.
     view = replace(view, now=10.5, costs=replace(COSTS, transfer_s_per_block=0.00125))
     assert list(policy.tick(view)) == [
-        SessionAction("offload", "p"),
-        SessionAction("offload", "r"),
+        SessionAction("offload", "p", blocks=4),
+        SessionAction("offload", "r", blocks=1),
     ]
     # Once every tool has ended there is nothing to judge.
     assert list(policy.tick(replace(view, now=20.0))) == []
@@ -173,8 +195,8 @@ def test_a_finished_session_is_no_longer_judged() -> None:
     policy, view = judged()
     policy.on_event(SessionEnd(session_id="p", turns=2))
     assert list(policy.tick(view)) == [
-        SessionAction("offload", "q"),
-        SessionAction("offload", "r"),
+        SessionAction("offload", "q", blocks=2),
+        SessionAction("offload", "r", blocks=1),
     ]
 
 
@@ -210,11 +232,11 @@ BUSY = (session("a", turn(30, 3, tool_s=1.0), turn(8, 2)), session("b", turn(8, 
 
 
 def test_a_discarded_context_is_recomputed() -> None:
-    record = run("infercept", *BUSY, blocks=4, cpu_bandwidth=1600)
+    record = run("infercept", *BUSY, blocks=4, cpu_bandwidth=800)
     # 0.03: a's first call ends (32 computed tokens, 2 full blocks pinned). At the next
     # step: C_i = 32, T_INT = 1.0, C_other = b's 11 tokens; T_fwd(32) = one step, 10 ms.
-    # Preserve 32, Discard 0.01 x 43 = 0.43. Budget: 10 ms step / 10 ms a block = 1 <
-    # 2 blocks: no swap; Discard < Preserve: discarded, a's 2 blocks go to the free
+    # Preserve 32, Discard 0.01 x 43 = 0.43. Budget: 10 ms step / 20 ms a block = 0:
+    # no swap; Discard < Preserve: discarded, a's 2 blocks go to the free
     # queue after the one never used. b grows to 4 blocks before it ends (0.56): it
     # takes that one, then a's 2 (2 evictions while a's tool runs).
     # 1.03: a's 2nd call (41 tokens) finds nothing: first token 1.04, end 1.05.
@@ -235,4 +257,18 @@ def test_a_swapped_context_is_loaded_back() -> None:
     assert [c.cached_tokens for c in a_calls] == [0, 32]
     assert a_calls[1].first_token_s == pytest.approx(1.05)
     assert ends(record) == pytest.approx({"a": 1.06, "b": 0.56})
+    assert record.computed_tokens == (30 + 2) + (8 + 55) + (9 + 1)
+
+
+def test_a_pin_larger_than_the_budget_is_swapped_over_several_steps() -> None:
+    record = run("infercept", *BUSY, blocks=4, cpu_bandwidth=1600)
+    # As the discarded case, but a block moves in 10 ms: a budget of 1 block a step.
+    # 0.03: a's last block is swapped out (its pin keeps the first); 0.04: the first.
+    # b then evicts both from the GPU as before. 1.03: a's 2nd call finds its 32
+    # tokens in the CPU tier; loading 2 blocks takes 20 ms: it computes the other 9 at
+    # 1.05 (first token 1.06) and ends at 1.07.
+    a_calls = calls(record, "a")
+    assert [c.cached_tokens for c in a_calls] == [0, 32]
+    assert a_calls[1].first_token_s == pytest.approx(1.06)
+    assert ends(record) == pytest.approx({"a": 1.07, "b": 0.56})
     assert record.computed_tokens == (30 + 2) + (8 + 55) + (9 + 1)

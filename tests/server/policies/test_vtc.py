@@ -1,13 +1,17 @@
 """VTC: per-client virtual token counters (w_p = 1 per prompt token on admission, w_q = 2
 per generated token), the lift of a client that becomes backlogged, and service in
-counter order. The client is the session."""
+counter order. The client is the agent instance (seed 004): the sessions of one task
+together, else the session."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from agentmars.sdk.events import LLMEnd, SessionEnd
+from agentmars.sdk.events import LLMEnd, SessionEnd, SessionStart
 from agentmars.server.policies.vtc import VTC, VTCEngine
+from agentmars.server.workloads.model import SessionSpec
 from tests.server.policies.scenarios import ends, run, session, turn
 from tests.server.policies.views import CallData, EngineData, call
 
@@ -133,6 +137,74 @@ def test_weights_and_a_finished_client_is_forgotten() -> None:
     assert "A" not in policy.counters
 
 
+# --- the client is the agent instance --------------------------------------------------
+
+
+def test_an_agent_instance_is_charged_once_per_token_across_its_branches() -> None:
+    policy = VTC().engine()
+    # Task "t" runs two branch sessions; "s" is a session of its own.
+    t0 = call("t.0", prompt_tokens=100, output_tokens=3, task_id="t")
+    t1 = call("t.1", prompt_tokens=40, output_tokens=5, task_id="t")
+    s_waiting = call("s", prompt_tokens=10, arrival_s=0.5)
+    look(policy, 1.0, running=[t0, t1], waiting=[s_waiting])
+    # One counter for the two branches: 100 + 2 x 3 + 40 + 2 x 5 = 156; none per branch.
+    assert dict(policy.counters) == {"t": 156, "s": 0}
+    look(
+        policy,
+        2.0,
+        running=[replace(t0, output_tokens=4), replace(t1, output_tokens=7)],
+        waiting=[s_waiting],
+    )
+    assert policy.counters["t"] == 156 + 2 * 1 + 2 * 2
+    policy.on_event(ended(t1, output_tokens=8))
+    assert policy.counters["t"] == 162 + 2 * 1  # t.1's last token, charged to the task
+
+
+def test_a_branch_waits_behind_a_client_served_less_than_its_instance() -> None:
+    policy = VTC().engine()
+    t0 = call("t.0", prompt_tokens=100, output_tokens=1, task_id="t")
+    t1 = call("t.1", prompt_tokens=20, arrival_s=0.0, task_id="t")
+    s1 = call("s", prompt_tokens=20, arrival_s=0.5)
+    view = EngineData(now=1.0, running=[t0], waiting=[t1, s1])
+    # t.1 has had nothing served, but its instance has: 100 + 2 x 1 = 102. Both
+    # clients become backlogged at this step, t first (its call arrived first): t stays
+    # at 102 and s is lifted to it, a tie. Once t.0 has run on (t: 112), s goes first;
+    # a branch counted as its own client (0) would have gone first throughout.
+    assert policy.priority(t1, view) == policy.priority(s1, view) == (102,)
+    later = EngineData(now=2.0, running=[replace(t0, output_tokens=6)], waiting=[t1, s1])
+    assert sorted([t1, s1], key=lambda c: policy.priority(c, later)) == [s1, t1]
+
+
+def test_an_instance_is_forgotten_when_its_last_session_ends() -> None:
+    policy = VTC().engine()
+    look(
+        policy,
+        1.0,
+        running=[call("t.0", prompt_tokens=10, task_id="t")],
+        waiting=[call("t.1", task_id="t")],
+    )
+    policy.on_event(SessionEnd(session_id="t.0", turns=1))
+    assert policy.counters["t"] == 10  # t.1 still runs for the instance
+    policy.on_event(SessionEnd(session_id="t.1", turns=1))
+    assert "t" not in policy.counters
+
+
+def test_a_call_no_step_saw_is_charged_to_the_instance_its_session_start_names() -> None:
+    policy = VTC().engine()
+    policy.on_event(SessionStart(session_id="t.0", metadata={"task_id": "t"}))
+    policy.on_event(ended(call("t.0", prompt_tokens=50), output_tokens=7))
+    assert dict(policy.counters) == {"t": 50 + 2 * 7}
+
+
+def test_a_charge_made_before_the_instance_was_known_moves_to_it() -> None:
+    # t.0's call ran and ended unseen, with no task in its session_start: charged to
+    # the session. When a later call shows its task, the charge joins the instance.
+    policy = VTC().engine()
+    policy.on_event(ended(call("t.0", prompt_tokens=50), output_tokens=7))
+    look(policy, 1.0, running=[], waiting=[call("t.0", 1, task_id="t")])
+    assert dict(policy.counters) == {"t": 64}
+
+
 # --- on the simulated engine (10 ms steps, 16-token blocks; see scenarios.py) ----------
 
 
@@ -159,3 +231,21 @@ def test_waiting_calls_are_served_in_counter_order() -> None:
     # FCFS serves the calls by arrival: y (0.005), x (0.035), z (0.045).
     fcfs = run("fcfs", *workload, max_num_seqs=1)
     assert ends(fcfs) == pytest.approx({"c": 0.12, "y": 0.14, "x": 0.16, "z": 0.18})
+
+
+def test_the_branches_of_a_task_share_one_fair_share() -> None:
+    workload = (
+        SessionSpec(session_id="t.a", task_id="t", turns=(turn(16, 10),)),
+        SessionSpec(session_id="t.b", task_id="t", turns=(turn(16, 2),)),
+        session("s", turn(16, 2), arrival_s=0.005),
+    )
+    # One call at a time (max_num_seqs 1).
+    # 0.00: t.a and t.b wait, instance t at 0: t.a (first in the queue) runs 0.00-0.10.
+    # 0.01: t = 16 + 2 x 1 = 18; s (arrived 0.005) is lifted to t's 18.
+    # 0.10: t = 16 + 2 x 10 = 36 > s's 18: s runs 0.10-0.12, then t.b 0.12-0.14.
+    vtc = run("vtc", *workload, max_num_seqs=1)
+    assert ends(vtc) == pytest.approx({"t.a": 0.10, "s": 0.12, "t.b": 0.14})
+    # Were each branch a client, t.b (0, waiting since 0.00) would go before s (lifted
+    # to t.b's 0 at 0.01): FCFS's order.
+    fcfs = run("fcfs", *workload, max_num_seqs=1)
+    assert ends(fcfs) == pytest.approx({"t.a": 0.10, "t.b": 0.12, "s": 0.14})

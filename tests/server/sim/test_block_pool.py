@@ -113,7 +113,42 @@ def test_reallocating_a_cached_block_evicts_its_content() -> None:
 
 def test_cpu_tier_keeps_the_most_recently_used_blocks() -> None:
     tier = CPUTier(capacity=2)
-    tier.store([1, 2])
+    tier.cache([1, 2])
     assert tier.prefix([1]) == 1  # 1 is now the most recent
-    tier.store([3])
+    tier.cache([3])
     assert tier.prefix([2]) == 0 and tier.prefix([1, 3]) == 2
+
+
+def test_cached_copies_give_way_to_swapped_ones_and_count_as_free() -> None:
+    # Four blocks of host memory, three holding offloaded prefix-cache copies: all
+    # four are still room a swap-out can use (the LRU gives way).
+    tier = CPUTier(capacity=4)
+    tier.cache([1, 2, 3])
+    assert tier.free == 4
+    assert tier.hold("s", [10, 11, 12]) == 3  # evicts 1 and 2, the least recent
+    assert tier.free == 1 and tier.used == 4
+    assert tier.prefix([10, 11, 12]) == 3 and tier.prefix([1]) == 0 and tier.prefix([3]) == 1
+    # Loaded back: the session's copies are freed, the cached one stays.
+    tier.release("s")
+    assert tier.free == 4 and tier.used == 1
+    assert tier.prefix([10]) == 0 and tier.prefix([3]) == 1
+
+
+def test_swapped_copies_are_never_evicted() -> None:
+    tier = CPUTier(capacity=2)
+    assert tier.hold("a", [1, 2]) == 2
+    assert tier.hold("b", [3, 4]) == 0  # no room, nothing reclaimable
+    tier.cache([5])  # an offload finds no room either
+    assert tier.prefix([1, 2]) == 2 and tier.prefix([3]) == 0 and tier.prefix([5]) == 0
+
+
+def test_a_copy_two_sessions_swapped_stays_until_both_let_go() -> None:
+    # A shared system prompt's block, swapped out with each of two sessions.
+    tier = CPUTier(capacity=2)
+    tier.hold("a", [7])
+    tier.hold("b", [7])
+    assert tier.free == 1
+    tier.release("a")
+    assert tier.prefix([7]) == 1
+    tier.release("b")
+    assert tier.prefix([7]) == 0 and tier.free == 2

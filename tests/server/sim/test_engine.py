@@ -13,6 +13,7 @@ from agentmars.sdk.events import AnyEvent, KVStats, ToolStats
 from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.interface import AdmissionHalf, EngineHalf, Policy
 from agentmars.server.policies.registry import make_policy
+from agentmars.server.profiles.cost_model import load_profile
 from agentmars.server.sim.engine import SimConfig, SimEngine, SimError, isolated_sessions
 from tests.server.sim.factories import STEP_S, flat_profile, session, workload
 
@@ -238,6 +239,24 @@ def test_both_halves_hear_the_same_stream() -> None:
     assert record.steps == 5
 
 
+def test_the_agent_instance_reaches_the_records_and_the_stream() -> None:
+    # Two branches of one task and a session of its own (seed 004's unit: the instance).
+    policy = Listening()
+    specs = [
+        session("t.0", [(20, 3, None)], task_id="t"),
+        session("t.1", [(20, 3, None)], task_id="t"),
+        session("solo", [(20, 3, None)]),
+    ]
+    record = SimEngine(workload(*specs), policy, flat_profile(num_gpu_blocks=16)).run()
+    assert {r.session_id: r.task_id for r in record.sessions} == {
+        "t.0": "t", "t.1": "t", "solo": None,
+    }  # fmt: skip
+    starts = [e for e in policy.engine_half.heard if e.kind == "session_start"]
+    assert {e.session_id: e.metadata for e in starts} == {
+        "t.0": {"task_id": "t"}, "t.1": {"task_id": "t"}, "solo": {},
+    }  # fmt: skip
+
+
 def test_a_kv_figure_reaches_the_admission_half_at_the_next_sample() -> None:
     policy = Listening()
     # One call of 20 tokens and 20 out: it takes 2 blocks at 0.00 and ends at 0.20.
@@ -317,7 +336,8 @@ def build(raw):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     raw=sessions_strategy,
-    blocks=st.integers(32, 64),
+    # From 40 blocks (640 tokens): the longest session the strategy makes must fit.
+    blocks=st.integers(40, 64),
     policy=st.sampled_from(["fcfs", "continuum", "vtc", "continuum-dy"]),
 )
 def test_invariants(raw, blocks: int, policy: str) -> None:
@@ -394,11 +414,51 @@ def test_decode_jumps_change_nothing_but_the_work(raw, policy: str) -> None:
 
 
 def _same(a, b) -> bool:
-    (calls_a, *counts_a), (calls_b, *counts_b) = a, b
-    assert counts_a == counts_b
-    for x, y in zip(calls_a, calls_b, strict=True):
-        assert x[0] == pytest.approx(y[0]) and x[1] == pytest.approx(y[1]) and x[2:] == y[2:]
+    assert a == b  # to the last bit: a jump sums the very step times stepping takes
     return True
+
+
+def _timings(record) -> list[tuple[str, float, float, list[tuple[float, float, float]]]]:
+    """Every session's admission and end, and every call's submit, first token and end."""
+    return [
+        (
+            s.session_id,
+            s.admitted_s,
+            s.end_s,
+            [(c.submit_s, c.first_token_s, c.end_s) for c in s.calls],
+        )
+        for s in sorted(record.sessions, key=lambda s: s.session_id)
+    ]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "continuum"])
+def test_decode_jumps_time_concurrent_sessions_exactly_as_steps_on_a_real_profile(
+    policy: str,
+) -> None:
+    # h100-qwen3-coder-30b charges every decode step for the KV it reads (its context
+    # cost is not zero), so a jump that mis-sums the batch's context (e.g. counting
+    # each sequence's KV once per sequence) ends its calls late. Five sessions overlap
+    # in long decode stretches between prefills, tools and arrivals.
+    profile = load_profile("h100-qwen3-coder-30b")
+    specs = [
+        session(
+            f"s{i}",
+            [
+                (3000 + 700 * i, 120 + 37 * i, 0.4 + 0.1 * i),
+                (900, 90 + 11 * i, 0.2),
+                (400, 150, None),
+            ],
+            arrival_s=0.05 * i,
+        )
+        for i in range(5)
+    ]
+    runs = [
+        run(*specs, policy=policy, profile=profile, config=SimConfig(decode_jumps=jumps))[1]
+        for jumps in (True, False)
+    ]
+    jumped, stepped = runs
+    assert _timings(jumped) == _timings(stepped)
+    assert jumped.steps == stepped.steps
 
 
 def test_kv_figures_stay_consistent_when_pins_share_a_prefix() -> None:

@@ -10,39 +10,95 @@ import pytest
 
 from agentmars.server.workloads.api_calls import INFERCEPT_CLASSES
 from agentmars.server.workloads.coding import (
-    CLAUDE_CODE_LONG_KINDS,
+    CLAUDE_CODE_TOOLS,
+    OPENHANDS_TOOLS,
     coding_tool_calls,
     coding_tool_draws,
 )
 from agentmars.server.workloads.ilr import (
+    CPU_HEAVY_TOOLS,
     GPT_OSS_CONTEXT,
     ILR_VOLUMES,
+    OPENHANDS,
     QWEN3_CODER_CONTEXT,
-    S_ILR_VOLUMES,
+    S_ILR_REGIMES,
 )
 from agentmars.server.workloads.model import SessionSpec, Workload
+from agentmars.server.workloads.sampling import lognormal_mean
 from agentmars.server.workloads.task_parallel import AGENT_CLASSES
+from agentmars.server.workloads.tool_kinds import PARALLEL_CORES
 
 Build = Callable[..., Workload]
+ILR_NAMES = [*ILR_VOLUMES, *S_ILR_REGIMES, "ilr-2-cpu"]
 
 
 def tool_walls(sessions: tuple[SessionSpec, ...] | list[SessionSpec]) -> np.ndarray:
     return np.array([t.tool.wall_s for s in sessions for t in s.turns if t.tool is not None])
 
 
-@pytest.mark.parametrize(("name", "target"), [*ILR_VOLUMES.items(), *S_ILR_VOLUMES.items()])
-def test_ilr_mean_prompt_volume_is_the_target(workload: Build, name: str, target: int) -> None:
+@pytest.mark.parametrize(("name", "target"), [*ILR_VOLUMES.items(), ("ilr-2-cpu", 167_000)])
+def test_ilr_mean_prompt_volume_is_seed_000_fig_6(workload: Build, name: str, target: int) -> None:
     volumes = [s.prompt_volume for s in workload(name).sessions]
     assert np.mean(volumes) == pytest.approx(target, rel=0.05)
 
 
+@pytest.mark.parametrize("name", [*ILR_VOLUMES, "ilr-2-cpu"])
+def test_ilr_turns_are_continuums_swe_bench_programs(workload: Build, name: str) -> None:
+    # notes/baselines.md: 10.9 +/- 2.1 turns per SWE-bench program. Over 2,000
+    # sessions the mean's standard error is 2.1 / sqrt(2000) = 0.05 (0.4%).
+    turns = np.array([len(s.turns) for s in workload(name).sessions])
+    assert turns.mean() == pytest.approx(10.9, rel=0.02)
+    assert turns.std() == pytest.approx(2.1, rel=0.10)
+
+
+@pytest.mark.parametrize("name", [*ILR_VOLUMES, "ilr-2-cpu"])
+def test_ilr_appends_and_outputs_have_their_stated_means(workload: Build, name: str) -> None:
+    sessions = workload(name).sessions
+    tools = CPU_HEAVY_TOOLS if name == "ilr-2-cpu" else OPENHANDS_TOOLS
+    appends = [t.append_tokens for s in sessions for t in s.turns[1:]]
+    outputs = [t.output_tokens for s in sessions for t in s.turns]
+    # ~20,000 lognormal draws of sigma 0.9 (appends) and 0.8 (outputs): the means'
+    # standard errors are under 1%.
+    assert np.mean(appends) == pytest.approx(tools.mean_observation_tokens(), rel=0.03)
+    assert np.mean(outputs) == pytest.approx(
+        lognormal_mean(OPENHANDS.output_median, OPENHANDS.output_sigma), rel=0.03
+    )
+
+
+@pytest.mark.parametrize("name", ILR_VOLUMES)
+def test_ilr_tool_durations_are_seed_003s(workload: Build, name: str) -> None:
+    # ~19,800 calls: p99 rests on ~200 calls above it, hence the wider band there.
+    p50, p90, p99 = np.percentile(tool_walls(workload(name).sessions), [50, 90, 99])
+    assert p50 == pytest.approx(1.10, rel=0.05)
+    assert p90 == pytest.approx(2.03, rel=0.05)
+    assert p99 == pytest.approx(20.0, rel=0.15)
+
+
 @pytest.mark.parametrize(
-    ("names", "cap"),
-    [(ILR_VOLUMES, QWEN3_CODER_CONTEXT), (S_ILR_VOLUMES, GPT_OSS_CONTEXT)],
+    ("name", "cap"), [("ilr-4", QWEN3_CODER_CONTEXT), ("s-ilr-3", GPT_OSS_CONTEXT)]
 )
-def test_ilr_calls_fit_the_models_context(workload: Build, names: dict[str, int], cap: int) -> None:
-    for name in names:
-        assert max(s.final_context for s in workload(name).sessions) <= cap
+def test_ilr_calls_fit_the_models_context(workload: Build, name: str, cap: int) -> None:
+    assert max(s.final_context for s in workload(name).sessions) <= cap
+
+
+@pytest.mark.parametrize(("name", "base"), S_ILR_REGIMES.items())
+def test_s_ilr_is_its_ilr_regime_without_the_sessions_over_the_bound(
+    workload: Build, name: str, base: str
+) -> None:
+    bounded, unbounded = workload(name).sessions, workload(base).sessions
+    assert max(s.prompt_volume for s in bounded) <= GPT_OSS_CONTEXT
+    # The first sessions drawn are the base regime's, less those over the bound.
+    kept = [s.turns for s in unbounded if s.prompt_volume <= GPT_OSS_CONTEXT]
+    assert 0 < len(kept) < len(unbounded)
+    assert [s.turns for s in bounded[: len(kept)]] == kept
+
+
+def test_s_ilr_volumes_rise_with_their_regime_below_the_bound(workload: Build) -> None:
+    volumes = [
+        np.mean([s.prompt_volume for s in workload(name).sessions]) for name in S_ILR_REGIMES
+    ]
+    assert volumes == sorted(volumes)
+    assert volumes[0] > GPT_OSS_CONTEXT / 2 and volumes[-1] < GPT_OSS_CONTEXT
 
 
 def test_ilr_regimes_differ_in_the_first_prompt_only(workload: Build) -> None:
@@ -58,8 +114,31 @@ def test_ilr_regimes_differ_in_the_first_prompt_only(workload: Build) -> None:
     assert {s.prefix_group for s in light} == {"openhands-system"}
 
 
+def test_the_cpu_heavy_variant_runs_parallel_tests_and_builds_on_whole_cores(
+    workload: Build,
+) -> None:
+    tools = [t.tool for s in workload("ilr-2-cpu").sessions for t in s.turns if t.tool]
+    parallel = [t for t in tools if t.kind in ("test-suite", "build")]
+    # Each asks for whole cores (4) for seconds: median 10 s (lognormal, sigma 0.7).
+    assert {t.cores for t in parallel} == {PARALLEL_CORES}
+    assert PARALLEL_CORES == int(PARALLEL_CORES) > 1
+    assert np.median([t.wall_s for t in parallel]) == pytest.approx(10.0, rel=0.05)
+    # 15% of ~19,800 calls (sd of the share 0.25 points); they hold ~90% of the CPU time.
+    assert len(parallel) / len(tools) == pytest.approx(CPU_HEAVY_TOOLS.long_share, abs=0.01)
+    assert sum(t.cpu_s for t in parallel) / sum(t.cpu_s for t in tools) > 0.85
+    # ILR-2 itself keeps under one core per call on average: the variant is 4x that.
+    base = [t.tool for s in workload("ilr-2").sessions for t in s.turns if t.tool]
+    base_cores = sum(t.cpu_s for t in base) / sum(t.wall_s for t in base)
+    assert (
+        base_cores
+        < 1.0
+        < 3 * base_cores
+        < sum(t.cpu_s for t in tools) / sum(t.wall_s for t in tools)
+    )
+
+
 def test_coding_tool_durations_match_seed_003() -> None:
-    _, drawn = coding_tool_draws(np.random.default_rng(5), 200_000, CLAUDE_CODE_LONG_KINDS)
+    _, drawn = coding_tool_draws(np.random.default_rng(5), 200_000, CLAUDE_CODE_TOOLS)
     walls = np.array(drawn)
     p50, p90, p99 = np.percentile(walls, [50, 90, 99])
     assert p50 == pytest.approx(1.10, rel=0.10)
@@ -71,7 +150,7 @@ def test_coding_tool_durations_match_seed_003() -> None:
 
 
 def test_coding_tools_use_the_cpu_of_their_kind() -> None:
-    tools = coding_tool_calls(np.random.default_rng(6), 20_000, CLAUDE_CODE_LONG_KINDS)
+    tools = coding_tool_calls(np.random.default_rng(6), 20_000, CLAUDE_CODE_TOOLS)
     cores = {t.kind: round(t.cpu_s / t.wall_s, 6) for t in tools}
     assert cores == {"read": 0.5, "edit": 0.5, "search": 1.0, "bash": 1.0, "test": 1.0, "wait": 0.0}
 

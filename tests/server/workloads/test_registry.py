@@ -19,6 +19,7 @@ NAMES = [
     "s-ilr-1",
     "s-ilr-2",
     "s-ilr-3",
+    "ilr-2-cpu",
     "swe-bench",
     "bfcl",
     "coding-agent",
@@ -105,6 +106,7 @@ def test_a_task_parallel_agent_arrives_as_one() -> None:
         by_agent.setdefault(instance, set()).add(session.arrival_s)
         if session.prefix_group is not None:
             assert session.prefix_group == instance
+        assert session.task_id == instance  # the agent instance, seed 004's fairness unit
     assert len(by_agent) == 40  # sessions counts agents
     assert all(len(times) == 1 for times in by_agent.values())
     assert len(workload.sessions) > 40

@@ -67,11 +67,19 @@ class SessionRecord:
     end_s: float
     calls: list[CallRecord] = field(default_factory=list)
     tools: list[ToolRecord] = field(default_factory=list)
+    task_id: str | None = None
+    """The agent instance the session belongs to (seed 004: the branch sessions of one
+    task-parallel agent share it; None: the session is its own instance)."""
 
     @property
     def latency_s(self) -> float:
         """End-to-end latency: arrival to the last token of the last turn."""
         return self.end_s - self.arrival_s
+
+    @property
+    def instance(self) -> str:
+        """The agent instance's id: ``task_id``, else the session's own."""
+        return self.task_id or self.session_id
 
 
 @dataclass(slots=True)

@@ -105,18 +105,21 @@ class CPUSummary(BaseModel):
 
 
 class FairnessSummary(BaseModel):
-    """Seed 004's finish-time fair ratio: a session's latency / its latency under VTC
-    (lower is better; 1 is what fair sharing would have given it)."""
+    """Seed 004's finish-time fair ratio, per agent instance (seed 004's "job": the
+    sessions of one task together, ``SessionRecord.instance``): its completion time /
+    its completion time under VTC (lower is better; 1 is what fair sharing would have
+    given it). An instance's completion time runs from its first session's arrival to
+    its last session's end."""
 
     model_config = _FROZEN
 
     by_agent: dict[str, float]
-    """Mean ratio over the sessions of each agent class."""
+    """Mean ratio over the agent instances of each agent class."""
     mean: float
     max: float
     """The worst-case delay relative to VTC (seed 004 §5.2)."""
     at_most_1: float
-    """Fraction of sessions finishing no later than under VTC (seed 004 Fig. 8)."""
+    """Fraction of agent instances finishing no later than under VTC (seed 004 Fig. 8)."""
 
 
 class RunSummary(BaseModel):
@@ -377,15 +380,33 @@ def _cpu_summary(run: RunRecord, window: _Window | None) -> CPUSummary:
 
 
 def _fairness(run: RunRecord, reference: RunRecord) -> FairnessSummary | None:
-    """Seed 004 §5.1: a job's completion time over its completion time under VTC."""
+    """Seed 004 §5.1: a job's completion time over its completion time under VTC; a job
+    is an agent instance (§5.1: "a running agent triggered by a given user input")."""
     what = "fair_reference"
     under_vtc = _matched_sessions(run, _sessions_by_id(reference, what), what)
-    ratios = {s.session_id: s.latency_s / under_vtc[s.session_id].latency_s for s in run.sessions}
+    for session in run.sessions:
+        fair_instance = under_vtc[session.session_id].instance
+        if fair_instance != session.instance:
+            raise ValueError(
+                f"{what} puts session {session.session_id!r} in agent instance "
+                f"{fair_instance!r}, the run in {session.instance!r}"
+            )
+    fair_instances = _instances(reference.sessions)
+    ratios: dict[str, float] = {}
+    agents: dict[str, str] = {}
+    for instance, sessions in _instances(run.sessions).items():
+        reference_sessions = fair_instances[instance]
+        # NOTE: ours — an instance with a session that did not finish in the run (cut
+        # by a time limit) has no completion time; it is left out.
+        if len(sessions) < len(reference_sessions):
+            continue
+        ratios[instance] = _completion_s(sessions) / _completion_s(reference_sessions)
+        agents[instance] = sessions[0].agent
     if not ratios:
         return None
     by_agent: defaultdict[str, list[float]] = defaultdict(list)
-    for session in run.sessions:
-        by_agent[session.agent].append(ratios[session.session_id])
+    for instance, ratio in ratios.items():
+        by_agent[agents[instance]].append(ratio)
     values = list(ratios.values())
     return FairnessSummary(
         by_agent={agent: float(np.mean(r)) for agent, r in sorted(by_agent.items())},
@@ -393,3 +414,17 @@ def _fairness(run: RunRecord, reference: RunRecord) -> FairnessSummary | None:
         max=max(values),
         at_most_1=sum(r <= 1.0 for r in values) / len(values),
     )
+
+
+def _instances(sessions: Iterable[SessionRecord]) -> dict[str, list[SessionRecord]]:
+    """Agent instance -> its sessions, first arrival first (the instance's agent class
+    is its first session's: the branches of one agent share it)."""
+    by_instance: defaultdict[str, list[SessionRecord]] = defaultdict(list)
+    for session in sorted(sessions, key=lambda s: (s.arrival_s, s.session_id)):
+        by_instance[session.instance].append(session)
+    return dict(by_instance)
+
+
+def _completion_s(sessions: Sequence[SessionRecord]) -> float:
+    """An agent instance's completion time: its first arrival to its last end."""
+    return max(s.end_s for s in sessions) - min(s.arrival_s for s in sessions)

@@ -51,12 +51,17 @@ class InferCept(Policy):
     At every engine step (its "iteration"), the intercepted sessions (their tool still
     runs) whose KV is still on the GPU are sorted by min(WasteDiscard, WastePreserve),
     highest first, and swapped out in that order within the step's swap budget (the
-    tokens the CPU link moves in one step's time, so swapping never stalls a step, and
-    no more than the CPU tier has room for); of the rest, those with WasteDiscard <
-    WastePreserve are discarded, the others kept. T_INT is the tool's remaining time
-    from the oracle duration, as the released code uses. Queues are FCFS by the
-    request's (session's) original arrival. A finished call is kept at first and judged
-    at the next step."""
+    blocks the CPU link moves in one step's time, so the copy overlaps the step and
+    never stalls it, and no more than the CPU tier has room for). A pin larger than
+    what is left of the budget is swapped in part, from its back (as the released
+    code's ``swap_out_from_back``), and the rest follows at the next steps; a pin whose
+    swap has begun goes first (the released code swaps one victim to the end before
+    the next) and is not discarded meanwhile (ours: that would throw away the part
+    already copied, which the released code may do). Of the rest, those with
+    WasteDiscard < WastePreserve are discarded, the others kept. T_INT is the tool's
+    remaining time from the oracle duration, as the released code uses. Queues are FCFS
+    by the request's (session's) original arrival. A finished call is kept at first and
+    judged at the next step."""
 
     name = "infercept"
     variant = "WukLab/InferCept released code: waste equations with oracle tool durations"
@@ -78,15 +83,19 @@ class InferCeptEngine(EngineHalf):
 
     def __init__(self) -> None:
         self._tool_ends: dict[str, float] = {}
+        self._swapping: set[str] = set()
+        """Sessions whose pin is partly swapped out: the rest follows first."""
 
     def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, SessionEnd):
             self._tool_ends.pop(event.session_id, None)
+            self._swapping.discard(event.session_id)
 
     def priority(self, call: CallView, view: EngineView) -> SortKey:
         return (call.session_arrival_s,)
 
     def on_call_finished(self, call: CallView, view: EngineView) -> KVDecision:
+        self._swapping.discard(call.session_id)
         if call.expected_tool_s is None:
             return Release()
         self._tool_ends[call.session_id] = view.now + call.expected_tool_s
@@ -100,21 +109,29 @@ class InferCeptEngine(EngineHalf):
             return ()
         batch = sum(call.num_tokens for call in view.running)
         wastes = {pin.session_id: self._waste(pin, batch, view) for pin in pins}
-        order = sorted(
-            pins,
-            key=lambda pin: min(wastes[pin.session_id].discard, wastes[pin.session_id].preserve),
-            reverse=True,
-        )
+
+        def order(pin: PinView) -> tuple[bool, float]:
+            cost = wastes[pin.session_id]
+            return (pin.session_id not in self._swapping, -min(cost.discard, cost.preserve))
+
         budget = min(self._swap_budget_blocks(batch, len(view.running), view), view.cpu_free_blocks)
         actions = []
-        for pin in order:
+        for pin in sorted(pins, key=order):
             cost = wastes[pin.session_id]
-            if pin.blocks <= budget:
-                budget -= pin.blocks
-                actions.append(SessionAction("offload", pin.session_id))
-            elif cost.discard < cost.preserve:
+            if budget > 0:
+                swapped = min(budget, pin.blocks)
+                budget -= swapped
+                actions.append(SessionAction("offload", pin.session_id, blocks=swapped))
+                self._mark_swapping(pin, swapped)
+            elif pin.session_id not in self._swapping and cost.discard < cost.preserve:
                 actions.append(SessionAction("unpin", pin.session_id))
         return actions
+
+    def _mark_swapping(self, pin: PinView, swapped: int) -> None:
+        if swapped < pin.blocks:
+            self._swapping.add(pin.session_id)
+        else:
+            self._swapping.discard(pin.session_id)
 
     def _remaining_tool_s(self, pin: PinView, view: EngineView) -> float:
         return self._tool_ends.get(pin.session_id, view.now) - view.now

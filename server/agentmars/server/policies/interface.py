@@ -75,6 +75,10 @@ class SessionAction:
 
     kind: Literal["unpin", "offload", "pause", "resume"]
     session_id: str
+    blocks: int | None = None
+    """For ``offload``: swap out only the pin's last ``blocks`` blocks, the rest staying
+    pinned for a later step (InferCept's swap within a per-step budget); None: the whole
+    pin. An engine without a CPU tier releases the whole pin whatever this says."""
 
 
 def _drop(event: AnyEvent) -> None:

@@ -171,30 +171,83 @@ class BlockPool:
 
 
 class CPUTier:
-    """Block contents kept in host memory, LRU (vLLM's native offloading connector
-    stores blocks there and loads them back on a GPU miss)."""
+    """Block contents kept in host memory, of two kinds.
+
+    - *Swapped* copies belong to a session: the blocks of its preempted call or of its
+      pin, swapped out so that its next call loads them back. They stay until that
+      call is admitted (then they are freed, as vLLM frees the CPU blocks of a
+      sequence it swaps back in) or the session ends, and nothing evicts them.
+    - *Cached* copies are what prefix-cache offloading keeps (vLLM's native offloading
+      connector, ``offload_evicted``): an LRU that gives way to any new copy.
+
+    So the room a policy can use is the capacity minus the swapped copies (``free``):
+    cached ones are reclaimed on demand. A key can be swapped by several sessions (a
+    shared system prompt); it is held until the last of them lets go.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._keys: OrderedDict[int, None] = OrderedDict()
+        self._cached: OrderedDict[int, None] = OrderedDict()
+        self._swapped: dict[int, int] = {}
+        """Key -> how many sessions hold it."""
+        self._holders: dict[str, list[int]] = {}
 
     @property
     def used(self) -> int:
-        return len(self._keys)
+        return len(self._cached) + len(self._swapped)
 
-    def store(self, keys: Iterable[int]) -> None:
+    @property
+    def free(self) -> int:
+        """Blocks a swap-out can take now (free, or cached and reclaimable)."""
+        return self.capacity - len(self._swapped)
+
+    def cache(self, keys: Iterable[int]) -> None:
+        """Keep copies of ``keys`` in the LRU, the most recent last."""
         for key in keys:
-            self._keys[key] = None
-            self._keys.move_to_end(key)
-        while len(self._keys) > self.capacity:
-            self._keys.popitem(last=False)
+            if key not in self._swapped:
+                self._cached[key] = None
+                self._cached.move_to_end(key)
+        while self.used > self.capacity and self._cached:
+            self._cached.popitem(last=False)
+
+    def hold(self, holder: str, keys: Sequence[int]) -> int:
+        """Swap ``keys`` out for ``holder``, from the first, as many as there is room for
+        (evicting cached copies); returns how many are held."""
+        held = self._holders.setdefault(holder, [])
+        for count, key in enumerate(keys):
+            if key in self._cached:
+                del self._cached[key]  # the copy changes kind: no new room needed
+            elif key not in self._swapped and not self._room_for_one():
+                return count
+            self._swapped[key] = self._swapped.get(key, 0) + 1
+            held.append(key)
+        return len(keys)
+
+    def release(self, holder: str) -> None:
+        """Free what ``holder`` swapped out (loaded back, or no longer wanted)."""
+        for key in self._holders.pop(holder, ()):
+            left = self._swapped[key] - 1
+            if left:
+                self._swapped[key] = left
+            else:
+                del self._swapped[key]
+
+    def _room_for_one(self) -> bool:
+        """Room for one more copy, evicting the least recent cached one if need be."""
+        if self.used < self.capacity:
+            return True
+        if not self._cached:
+            return False
+        self._cached.popitem(last=False)
+        return True
 
     def prefix(self, keys: Iterable[int]) -> int:
-        """How many of ``keys``, from the first, are held (and refreshed)."""
+        """How many of ``keys``, from the first, are held (cached ones refreshed)."""
         found = 0
         for key in keys:
-            if key not in self._keys:
+            if key in self._cached:
+                self._cached.move_to_end(key)
+            elif key not in self._swapped:
                 break
-            self._keys.move_to_end(key)
             found += 1
         return found

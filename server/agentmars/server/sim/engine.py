@@ -65,7 +65,7 @@ from agentmars.server.policies.admission_view import StreamAdmissionView
 from agentmars.server.policies.capabilities import Capability, PolicyRefused, refuse_unless
 from agentmars.server.policies.interface import Policy, SessionAction
 from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
-from agentmars.server.profiles.cost_model import CostModel, Profile
+from agentmars.server.profiles.cost_model import CostModel, Profile, StepShape
 from agentmars.server.sim.engine_core import KVEngineView
 from agentmars.server.sim.entities import Call, Session
 from agentmars.server.sim.entities import Pin as PinEntity
@@ -84,8 +84,10 @@ class SimConfig:
     """The engine and host being simulated; None takes the profile's value."""
 
     tool_cores: int = 16
-    """Host cores for tools (ours: seed 000's hosts have dual 32-core EPYCs, the engine
-    pinned to some; 16 tool cores keeps CPU pressure visible at its arrival rates)."""
+    """Host cores for tools (ours: one GPU's share of an 8-GPU server's cores, DGX A100
+    128/8 = 16, DGX H100 112/8 = 14; seed 000 does not publish its split of its 2 x
+    32-core EPYC 9355). At 16, ILR-1..4 keep 8-17% of them busy at 0.25 sessions/s and
+    ``ilr-2-cpu`` about 80% (docs/workloads.md, "CPU pressure")."""
     tool_slots: int | None = None
     """At most this many tools at once, the rest queue (None: no limit)."""
     cpu_tier: bool | None = None
@@ -166,6 +168,7 @@ class SimEngine(KVEngineView, FollowsTools):
             profile.cpu_kv_blocks if cpu_tier else 0,
             self._count_eviction,
             offload_evicted=engine_half.offload_evicted,
+            transfer_time=self.cost.transfer_time,
         )
         self.host = HostCPU(self.config.tool_cores, self.config.tool_slots)
         self.tools = ToolActivity()
@@ -290,7 +293,9 @@ class SimEngine(KVEngineView, FollowsTools):
             self._pending_specs = []
 
     def _on_session_arrival(self, spec: SessionSpec) -> None:
-        record = SessionRecord(spec.session_id, spec.agent, self.now, self.now, self.now)
+        record = SessionRecord(
+            spec.session_id, spec.agent, self.now, self.now, self.now, task_id=spec.task_id
+        )
         session = Session(spec, self.now, record)
         self.kv.register(session)
         self._gateway.append(session)
@@ -304,8 +309,16 @@ class SimEngine(KVEngineView, FollowsTools):
             self._gateway.remove(session)
             self._sessions[session.session_id] = session
             session.record.admitted_s = self.now
+            # The agent instance travels as the SDK sends it (VTC's client, seed 004).
+            task = session.spec.task_id
+            metadata = {"task_id": task} if task else {}
             self._emit(
-                SessionStart(session_id=session.session_id, agent=session.agent, **self.stamp())
+                SessionStart(
+                    session_id=session.session_id,
+                    agent=session.agent,
+                    metadata=metadata,
+                    **self.stamp(),
+                )
             )
             self._send_call(session)
         self._plan_admission_pass()
@@ -354,6 +367,7 @@ class SimEngine(KVEngineView, FollowsTools):
     def _end_session(self, session: Session) -> None:
         del self._sessions[session.session_id]
         self.kv.unpin(session.session_id)
+        self.kv.release_swapped(session.session_id)
         session.record.end_s = self.now
         self.record.sessions.append(session.record)
         self._emit(
@@ -397,7 +411,7 @@ class SimEngine(KVEngineView, FollowsTools):
             self._wait_for_loads()
             return
         self._stepping = True
-        duration = self.cost.step_time(step.shape())
+        duration = self.step_duration(step, self.now)
         self._push(self.now + duration, _Rank.STEP_END, self._on_step_end, (step, duration))
 
     def _wait_for_loads(self) -> None:
@@ -445,6 +459,9 @@ class SimEngine(KVEngineView, FollowsTools):
         running = self.scheduler.running
         if (
             not self.config.decode_jumps
+            # A half that ticks at every step may act at any of them (InferCept swaps a
+            # budget per step): its steps are taken one by one.
+            or self.engine_half.tick_interval_s == 0
             or self.scheduler.waiting
             or not running
             or len(running) > self.scheduler.budget
@@ -461,12 +478,14 @@ class SimEngine(KVEngineView, FollowsTools):
         next_event = self._heap[0].time if self._heap else float("inf")
         seqs = len(running)
         context = sum(c.num_tokens for c in running)
-        # NOTE: the end time is summed step by step, as stepping would, so that both
-        # order the same events the same way to the last bit.
+        # NOTE: the end time is summed step by step from the very shape stepping would
+        # build (``Step.shape``: the batch's summed context grows by ``seqs`` a step), so
+        # that both order the same events the same way to the last bit.
         end = self.now
         taken = 0
         while taken < steps and end < next_event:
-            end += self.cost.decode_time(context + taken * seqs, seqs)
+            shape = StepShape(decode_seqs=seqs, decode_context=context + taken * seqs)
+            end += self.cost.step_time(shape)
             taken += 1
         if taken < 2:
             return None

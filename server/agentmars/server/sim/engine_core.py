@@ -60,7 +60,7 @@ class KVEngineView:
 
     @property
     def cpu_free_blocks(self) -> int:
-        return self.kv.cpu.capacity - self.kv.cpu.used if self.kv.cpu is not None else 0
+        return self.kv.cpu.free if self.kv.cpu is not None else 0
 
     @property
     def max_num_seqs(self) -> int:
@@ -131,15 +131,26 @@ class KVEngineView:
         if isinstance(decision, Pin) and not call.session.paused:
             pin = self.kv.pin(call, now, decision.ttl_s)
         elif isinstance(decision, Offload):
-            self.kv.store_to_cpu(call.session, call.num_hashed_blocks)
+            self.kv.swap_out(call.session, 0, call.num_hashed_blocks, now)
         self.kv.free(call)
         return pin
 
-    def drop_pin(self, session: Session, *, offload: bool) -> None:
-        """A policy's ``unpin`` or ``offload`` action on the session's pin."""
-        pin = self.kv.unpin(session.session_id)
-        if offload and pin is not None:
-            self.kv.store_to_cpu(session, pin.blocks)
+    def drop_pin(self, session: Session, *, offload: bool, blocks: int | None = None) -> None:
+        """A policy's ``unpin`` or ``offload`` action on the session's pin (``blocks``:
+        swap out only that many of its last blocks)."""
+        if offload:
+            self.kv.swap_out_pin(session, blocks, self.scheduler.view.now)
+            return
+        if self.kv.unpin(session.session_id) is not None:
+            # A discarded pin loses what was already swapped of it too, as InferCept's
+            # released code frees a discarded sequence's CPU blocks with its GPU ones.
+            self.kv.release_swapped(session.session_id)
+
+    def step_duration(self, step: Step, now: float) -> float:
+        """How long a step started at ``now`` takes: its compute, after the copies of
+        the calls it preempted by swap are out (vLLM V0 swaps out synchronously, before
+        the forward pass, since the step reuses their blocks)."""
+        return self.cost.step_time(step.shape()) + max(step.swapped_out_s - now, 0.0)
 
     # --- the policy's session actions -------------------------------------------------
 
@@ -153,7 +164,7 @@ class KVEngineView:
             if session is None:
                 continue
             if action.kind in ("unpin", "offload"):
-                self.drop_pin(session, offload=action.kind == "offload")
+                self.drop_pin(session, offload=action.kind == "offload", blocks=action.blocks)
             elif action.kind == "pause":
                 self._pause(session)
                 self.announce(SessionPause(session_id=session.session_id, **self.stamp()))
@@ -171,7 +182,7 @@ class KVEngineView:
         self.kv.unpin(session_id)
         for call in list(self.scheduler.running):
             if call.session_id == session_id:
-                self.scheduler.preempt(call)
+                self.scheduler.preempt(call, self.scheduler.view.now)
         held = [call for call in self.scheduler.waiting if call.session_id == session_id]
         for call in held:
             self.scheduler.waiting.remove(call)

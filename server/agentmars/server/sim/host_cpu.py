@@ -49,18 +49,24 @@ class HostCPU:
     def _demand(self) -> float:
         return sum(run.spec.cores for run in self._running.values())
 
-    def _speed(self) -> float:
+    def _shared_speed(self) -> float:
+        """How fast the tools that use cores run now (1.0: full speed)."""
         demand = self._demand()
         return 1.0 if demand <= self.cores else self.cores / demand
+
+    @staticmethod
+    def _speed_of(run: _Running, shared: float) -> float:
+        # A tool that asks for no core waits on something else: contention cannot slow it.
+        return shared if run.spec.cores > 0 else 1.0
 
     def advance(self, now: float) -> None:
         """Let the running tools progress until ``now``."""
         elapsed = now - self._now
         if elapsed > 0 and self._running:
-            speed = self._speed()
+            shared = self._shared_speed()
             for run in self._running.values():
-                run.remaining_s -= elapsed * speed
-            self.busy_core_s += elapsed * speed * self._demand()
+                run.remaining_s -= elapsed * self._speed_of(run, shared)
+            self.busy_core_s += elapsed * shared * self._demand()
         self._now = now
 
     def submit(self, key: Hashable, spec: ToolSpec) -> bool:
@@ -75,8 +81,15 @@ class HostCPU:
         """When the next running tool finishes if nothing changes, and which."""
         if not self._running:
             return None
-        key, run = min(self._running.items(), key=lambda item: item[1].remaining_s)
-        return self._now + max(run.remaining_s, 0.0) / self._speed(), key
+        shared = self._shared_speed()
+        key, left_s = min(
+            (
+                (key, max(run.remaining_s, 0.0) / self._speed_of(run, shared))
+                for key, run in self._running.items()
+            ),
+            key=lambda item: item[1],
+        )
+        return self._now + left_s, key
 
     def finish(self, key: Hashable) -> list[Hashable]:
         """Remove a finished tool; return the queued tools that start in its slot."""

@@ -33,7 +33,10 @@ class KVCache:
         on_evict: Callable[[int], None],
         *,
         offload_evicted: bool = False,
+        transfer_time: Callable[[int], float] | None = None,
     ) -> None:
+        """``transfer_time(blocks)``: how long a swap-out of that many blocks takes on
+        the GPU -> host link (None: swap-outs take no time)."""
         self.block_size = block_size
         self.cpu = CPUTier(cpu_blocks) if cpu_blocks else None
         self.pool = BlockPool(num_blocks, self._evicted)
@@ -42,6 +45,10 @@ class KVCache:
         self._on_evict = on_evict
         self._offload_evicted = offload_evicted and self.cpu is not None
         self._owners: dict[str, int] = {}
+        self._transfer_time = transfer_time
+        self._out_link_free_s = 0.0
+        self._swapped_out_s: dict[str, float] = {}
+        """Session -> when the last copy it swapped out is in host memory."""
 
     def register(self, session: Session) -> None:
         """Give a session its block keys' owners."""
@@ -57,9 +64,10 @@ class KVCache:
     def _evicted(self, keys: list[int]) -> None:
         if self._offload_evicted:
             # NOTE: ours — blocks leave for host memory when the GPU drops them; the copy
-            # runs beside the steps and its time is not charged (loads back are).
+            # is not charged (vLLM's offloading connector copies blocks out as they fill,
+            # beside the steps, so an eviction waits for nothing; loads back are charged).
             assert self.cpu is not None
-            self.cpu.store(keys)
+            self.cpu.cache(keys)
         self._on_evict(len(keys))
 
     def blocks_for(self, tokens: int) -> int:
@@ -143,10 +151,55 @@ class KVCache:
         call.blocks = []
         call.num_hashed_blocks = 0
 
-    def store_to_cpu(self, session: Session, blocks: int) -> None:
-        """Copy the session's first ``blocks`` blocks to the CPU tier (a swap out)."""
+    # --- swapping to the CPU tier ---------------------------------------------------------
+
+    def swap_out(self, session: Session, start: int, stop: int, now: float) -> float:
+        """Swap the session's blocks ``start`` to ``stop`` out to the CPU tier, as many
+        from ``start`` as there is room for; returns when the copy is done.
+
+        NOTE: ours — swap-outs go one after another over the GPU -> host link (the other
+        direction from loads, which have their own link: PCIe is full duplex). Whether
+        a step waits for the copy is the caller's: a preemption's does, a pin's does not
+        (``Step.swapped_out_s``)."""
+        if self.cpu is None or stop <= start:
+            return now
+        held = self.cpu.hold(session.session_id, list(self._keys(session, start, stop)))
+        if self._transfer_time is not None and held:
+            self._out_link_free_s = max(self._out_link_free_s, now) + self._transfer_time(held)
+        done = max(self._out_link_free_s, now)
+        self._swapped_out_s[session.session_id] = done
+        return done
+
+    def swap_out_pin(self, session: Session, blocks: int | None, now: float) -> None:
+        """Swap out the pin's last ``blocks`` blocks (None: all), no more than the CPU
+        tier has room for, and drop them from the pin; a pin left empty goes.
+
+        From the back, as InferCept's released code swaps (``swap_out_from_back``): the
+        pin stays a prefix of the context, and the next call finds it on the GPU and
+        the rest in the CPU tier."""
+        pin = self.pins.get(session.session_id)
+        if pin is None or self.cpu is None:
+            return
+        keep = pin.blocks - min(pin.blocks if blocks is None else blocks, self.cpu.free)
+        self.swap_out(session, keep, pin.blocks, now)
+        if keep == 0:
+            self.unpin(session.session_id)
+            return
+        tail = pin.block_ids[keep:]
+        pin.block_ids = pin.block_ids[:keep]
+        pin.tokens = keep * self.block_size
+        self.pinned_blocks -= len(tail)
+        self.pool.free(tail)
+
+    def swapped_out_s(self, session_id: str) -> float:
+        """When the copies the session swapped out are all in host memory (0: none)."""
+        return self._swapped_out_s.get(session_id, 0.0)
+
+    def release_swapped(self, session_id: str) -> None:
+        """Free the session's swapped copies (loaded back, or no longer wanted)."""
+        self._swapped_out_s.pop(session_id, None)
         if self.cpu is not None:
-            self.cpu.store(self._keys(session, 0, blocks))
+            self.cpu.release(session_id)
 
     # --- pins --------------------------------------------------------------------------
 

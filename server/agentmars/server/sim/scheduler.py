@@ -32,6 +32,8 @@ class Step:
     preempted: list[Call] = field(default_factory=list)
     admitted: list[Call] = field(default_factory=list)
     """Calls that left the waiting queue in this step (some only start loading)."""
+    swapped_out_s: float = 0.0
+    """When the KV of the calls this step preempted by swap is in host memory."""
 
     def shape(self) -> StepShape:
         prefill = attention = seqs = context = 0
@@ -94,7 +96,7 @@ class Scheduler:
                 if self.running.index(victim) < index:
                     index -= 1
                 budget += self._unschedule(step, victim)
-                self.preempt(victim, step)
+                self.preempt(victim, now, step)
                 if victim is call:
                     break
             else:
@@ -129,12 +131,15 @@ class Scheduler:
                 return tokens
         return 0
 
-    def preempt(self, call: Call, step: Step | None = None) -> None:
+    def preempt(self, call: Call, now: float, step: Step | None = None) -> None:
         """Stop a running call and free its KV; its computed tokens are recomputed when
-        it runs again, unless the policy swaps them to the CPU tier."""
+        it runs again, unless the policy swaps them to the CPU tier (``step`` then
+        waits for the copy)."""
         self.running.remove(call)
         if self.policy.preempt_by_swap:
-            self.kv.store_to_cpu(call.session, call.num_hashed_blocks)
+            done = self.kv.swap_out(call.session, 0, call.num_hashed_blocks, now)
+            if step is not None:
+                step.swapped_out_s = max(step.swapped_out_s, done)
         call.recomputing_until = max(call.recomputing_until, call.num_computed_tokens)
         self.kv.free(call)
         call.num_computed_tokens = 0
@@ -189,14 +194,18 @@ class Scheduler:
         if self.kv.pinned_blocks != pinned:
             # Dropped pins may have freed blocks of the prefix: look again before taking it.
             prefix = self.kv.lookup(call)
+        swapped_out_s = self.kv.swapped_out_s(call.session_id)
         if not self.kv.admit(call, prefix, tokens):
             return None
         self._count_prefix_hit(call, computed)
         self.kv.unpin(call.session_id)
+        self.kv.release_swapped(call.session_id)
         self.waiting.remove(call)
         self.running.append(call)
         if prefix.cpu_blocks:
-            call.ready_s = self._load_done_at(prefix.cpu_blocks)
+            # NOTE: ours — a load of copies still on their way out follows them (the
+            # links are pipelined), so the call is ready when both are done.
+            call.ready_s = max(self._load_done_at(prefix.cpu_blocks), swapped_out_s)
         return tokens
 
     def _room_for(self, blocks: int, call: Call) -> bool:

@@ -22,14 +22,16 @@ from agentmars.server.workloads.agent_loops import (
 )
 from agentmars.server.workloads.api_calls import LLAMA3_70B_CONTEXT, infercept_sessions
 from agentmars.server.workloads.arrivals import arrive_together, poisson_times
-from agentmars.server.workloads.coding import CLAUDE_CODE, coding_sessions
+from agentmars.server.workloads.coding import CLAUDE_CODE, CodingShape, coding_sessions
 from agentmars.server.workloads.errors import WorkloadError
 from agentmars.server.workloads.ilr import (
+    CPU_HEAVY_TOOLS,
     GPT_OSS_CONTEXT,
     ILR_VOLUMES,
     QWEN3_CODER_CONTEXT,
-    S_ILR_VOLUMES,
+    S_ILR_REGIMES,
     ilr_shape,
+    s_ilr_shape,
 )
 from agentmars.server.workloads.model import SessionSpec, Workload
 from agentmars.server.workloads.programs import BFCL, LLAMA_31_CONTEXT, SWE_BENCH, program_sessions
@@ -58,24 +60,48 @@ def one_per_unit(sessions: Sessions) -> Generate:
     return generate
 
 
-def _families() -> dict[str, Family]:
-    regimes = [
-        (name, volume, QWEN3_CODER_CONTEXT, "OpenHands-like coding sessions")
+def _ilr_families() -> list[Family]:
+    what = "OpenHands-like coding sessions"
+    regimes: list[tuple[str, CodingShape, int, str]] = [
+        (
+            name,
+            ilr_shape(volume),
+            QWEN3_CODER_CONTEXT,
+            f"seed 000 {name.upper()}: {what}, mean prompt volume {volume / 1000:g}K",
+        )
         for name, volume in ILR_VOLUMES.items()
-    ] + [
-        (name, volume, GPT_OSS_CONTEXT, "ILR sampling for GPT-OSS-120B (volume ours)")
-        for name, volume in S_ILR_VOLUMES.items()
     ]
-    families = [
+    regimes += [
+        (
+            name,
+            s_ilr_shape(base),
+            GPT_OSS_CONTEXT,
+            f"seed 000 {name.upper()}: {base.upper()} sampling, prompt volume at most "
+            f"{GPT_OSS_CONTEXT:,}",
+        )
+        for name, base in S_ILR_REGIMES.items()
+    ]
+    regimes.append(
+        (
+            "ilr-2-cpu",
+            ilr_shape(ILR_VOLUMES["ilr-2"], CPU_HEAVY_TOOLS),
+            QWEN3_CODER_CONTEXT,
+            "ILR-2 with CPU-heavy tools (ours): 15% of calls are test suites and builds on 4 cores",
+        )
+    )
+    return [
         Family(
             name,
-            f"seed 000 {name.upper()}: {what}, mean prompt volume {volume / 1000:g}K tokens, "
-            f"context {context:,}",
+            f"{description}, context {context:,}",
             context,
-            one_per_unit(partial(coding_sessions, ilr_shape(volume))),
+            one_per_unit(partial(coding_sessions, shape)),
         )
-        for name, volume, context, what in regimes
+        for name, shape, context, description in regimes
     ]
+
+
+def _families() -> dict[str, Family]:
+    families = _ilr_families()
     families += [
         Family(
             "swe-bench",

@@ -18,6 +18,7 @@ def assemble_session(
     max_context: int,
     shared_prefix: int = 0,
     prefix_group: str | None = None,
+    task_id: str | None = None,
     arrival_s: float = 0.0,
 ) -> SessionSpec:
     """A session of ``len(outputs)`` turns: turn 0 appends ``first_prompt``, turn
@@ -26,7 +27,8 @@ def assemble_session(
     Every call's prompt plus output stays within ``max_context`` (a model's context
     limit): a first prompt that does not fit is cut, and the session ends at the
     last turn that fits (its tool call dropped) -- an agent whose context is full
-    stops. ``shared_prefix`` is cut to the first prompt."""
+    stops. ``shared_prefix`` is cut to the first prompt. ``task_id``: the agent
+    instance the session is a branch of (seed 004)."""
     if not len(appends) == len(tools) == len(outputs) - 1:
         raise ValueError("need one append and one tool per turn after the first")
     if max_context < 2:
@@ -52,5 +54,6 @@ def assemble_session(
         agent=agent,
         shared_prefix_tokens=shared,
         prefix_group=prefix_group if shared else None,
+        task_id=task_id,
         turns=turns,
     )

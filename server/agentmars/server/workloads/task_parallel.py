@@ -158,6 +158,7 @@ def agent_sessions(
             max_context=max_context,
             shared_prefix=shared if len(branches) > 1 else 0,
             prefix_group=instance,
+            task_id=instance,
         )
         for i, branch in enumerate(branches)
     ]

@@ -6,17 +6,26 @@ on the host (a shell command, a test suite, a search through files, a calculator
 a simulated environment) keeps one core busy for its whole duration; a file view or
 edit spends part of its time in I/O and the runtime's round trip (half a core); a
 tool that waits on something off the host (a remote API, a web page, another
-model, a human, a sub-agent) uses none.
+model, a human, a sub-agent) uses none. A parallel test suite or build (ilr-2-cpu's)
+keeps ``PARALLEL_CORES`` whole cores busy.
 """
 
 from __future__ import annotations
 
 from agentmars.server.workloads.model import ToolSpec
 
+PARALLEL_CORES = 4.0
+"""Cores of a parallel test suite or build (ours: pytest-xdist's and make's usual
+``-n 4`` / ``-j4``; no seed publishes a tool's CPU demand)."""
+
 TOOL_CORES: dict[str, float] = {
     # coding agents (ILR, coding-agent, SWE-bench)
     "bash": 1.0,
     "test": 1.0,
+    # the CPU-heavy variant (ilr-2-cpu): a test suite run in parallel (pytest -n 4)
+    # and a parallel build (make -j4) keep PARALLEL_CORES cores busy
+    "test-suite": PARALLEL_CORES,
+    "build": PARALLEL_CORES,
     "search": 1.0,
     "read": 0.5,
     "edit": 0.5,

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentmars.sdk.events import ToolEnd, ToolStart
-from agentmars.server.engines.twin.app import create_live_app
+from agentmars.server.engines.twin.app import call_request, create_live_app
 from agentmars.server.engines.twin.engine import LiveEngine
 from agentmars.server.policies.registry import make_policy, policy_names
 from agentmars.server.profiles.cost_model import (
@@ -57,6 +57,19 @@ SETTINGS: dict[str, dict[str, Any]] = {"continuum": {"ttl_s": 60.0}}
 def _serve(profile: Profile, policy: str) -> Any:
     engine = LiveEngine(profile, make_policy(policy, **SETTINGS.get(policy, {})))
     return serve_in_thread(create_live_app(engine))
+
+
+def test_the_agent_instance_named_by_the_client_reaches_the_policys_view() -> None:
+    # The gateway forwards the SDK's task id in vllm_xargs (seed 004's unit, VTC's
+    # client); a session without one is its own instance. The engine is not started:
+    # the calls stay in its waiting queue, as its policy sees them.
+    engine = LiveEngine(load_profile(MODEL), make_policy("vtc"))
+    for session, xargs in (("t.0", {"task_id": "T"}), ("t.1", {"task_id": "T"}), ("x", {})):
+        body = {"prompt": "hi", "max_tokens": 2, "vllm_xargs": {"session_id": session, **xargs}}
+        engine.submit(call_request(body, {}, chat=False, max_model_len=4096))
+    assert [(call.session_id, call.task_id) for call in engine.waiting] == [
+        ("t.0", "T"), ("t.1", "T"), ("x", "x"),
+    ]  # fmt: skip
 
 
 def _metrics(client: httpx.Client) -> dict[str, float]:

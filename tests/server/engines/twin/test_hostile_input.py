@@ -123,6 +123,7 @@ TOO_BIG = "1" + "0" * 400
         ('{"agent": "' + "a" * 257 + '"}', "agent must be a non-empty string"),
         ('{"agent": [1, 2]}', "agent must be a non-empty string"),
         ('{"next_tool": "' + "t" * 257 + '"}', "next_tool must be a non-empty string"),
+        ('{"task_id": {"a": 1}}', "task_id must be a non-empty string"),
         ('{"nested": [[' + TOO_BIG + "]]}", "between -2**63 and 2**64 - 1"),
     ],
 )
@@ -146,7 +147,8 @@ def test_a_session_named_in_the_header_or_body_too_long_gets_a_400(client: httpx
 
 def test_hints_in_range_are_served(client: httpx.Client) -> None:
     xargs = {"session_id": "fine", "turn": 2**53, "follows_tool": True, "expects_tool": 1,
-             "expected_tool_s": 1e300, "next_tool": "t", "agent": "", "call_id": 7}  # fmt: skip
+             "expected_tool_s": 1e300, "next_tool": "t", "agent": "", "call_id": 7,
+             "task_id": "task-1"}  # fmt: skip
     reply = client.post(
         "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "vllm_xargs": xargs}
     )
@@ -310,7 +312,7 @@ values = st.recursive(
 GOOD = {"model": "cpu-tiny", "prompt": "hello", "max_tokens": 4,
         "messages": [{"role": "user", "content": "hello"}]}  # fmt: skip
 HINTS = ("session_id", "call_id", "turn", "follows_tool", "expects_tool", "next_tool",
-         "expected_tool_s", "agent")  # fmt: skip
+         "expected_tool_s", "agent", "task_id")  # fmt: skip
 message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "tool"]) | any_text},
     optional={"content": any_text | any_text | values, "tool_calls": values},

@@ -8,8 +8,8 @@ vLLM's chunk format, ending with ``data: [DONE]``, or whole), ``GET /v1/models``
 
 Session metadata is read where vLLM's plugin reads it (``engines/vllm/views.py``):
 ``vllm_xargs`` (``session_id``, ``turn``, ``follows_tool``, ``expects_tool``,
-``next_tool``, ``expected_tool_s``, ``agent``), else the body's ``session_id``, else the
-``X-Session-ID`` header.
+``next_tool``, ``expected_tool_s``, ``agent``, ``task_id``), else the body's
+``session_id``, else the ``X-Session-ID`` header.
 
 Tokens are synthetic. NOTE: ours — a text prompt counts one token per
 ``CHARS_PER_TOKEN`` characters (rounded up; the SDK's projection uses the same ratio),
@@ -297,6 +297,7 @@ def call_request(
         next_tool=_name(next_tool, "vllm_xargs.next_tool", empty=True) if next_tool else None,
         expected_tool_s=_seconds(xargs, "expected_tool_s"),
         agent=_name(xargs.get("agent"), "vllm_xargs.agent", empty=True) or "",
+        task_id=_name(xargs.get("task_id"), "vllm_xargs.task_id", empty=True),
         call_id=_name(xargs.get("call_id"), "vllm_xargs.call_id", empty=True),
     )
 

@@ -110,6 +110,8 @@ class CallRequest:
     next_tool: str | None = None
     expected_tool_s: float | None = None
     agent: str = ""
+    task_id: str | None = None
+    """The agent instance the session is a branch of (seed 004; None: the session)."""
     call_id: str | None = None
     """The id the SDK and the gateway gave the call (None: the engine makes one)."""
 
@@ -198,6 +200,7 @@ class LiveEngine(KVEngineView, FollowsTools):
             profile.cpu_kv_blocks if Capability.CPU_TIER in half.needs | half.uses else 0,
             self._count_eviction,
             offload_evicted=half.offload_evicted,
+            transfer_time=self.cost.transfer_time,
         )
         self.scheduler = Scheduler(
             self.kv,
@@ -320,7 +323,7 @@ class LiveEngine(KVEngineView, FollowsTools):
         live = self._sessions.get(session_id)
         if live is None:
             live = self._sessions[session_id] = _LiveSession(
-                self._new_session(session_id, request.agent, self.now)
+                self._new_session(session_id, request.agent, request.task_id, self.now)
             )
             self._forget_idle_sessions()
         else:
@@ -332,20 +335,26 @@ class LiveEngine(KVEngineView, FollowsTools):
                 # a call's own session's pin to make room for it: drop it now.
                 self.kv.unpin(session_id)
                 old = live.session
-                live.session = self._new_session(session_id, old.agent, old.arrival_s)
+                old_task = old.spec.task_id
+                live.session = self._new_session(session_id, old.agent, old_task, old.arrival_s)
                 live.session.paused, live.session.held = old.paused, old.held
         live.context_chars, live.context_digest = len(request.prompt), _digest(request.prompt)
         return live
 
-    def _new_session(self, session_id: str, agent: str, arrival_s: float) -> Session:
+    def _new_session(
+        self, session_id: str, agent: str, task_id: str | None, arrival_s: float
+    ) -> Session:
         # Session wants a workload spec; only its id and agent are read here (one
         # placeholder turn: the live session's turns are not known in advance).
         spec = SessionSpec(
             session_id=session_id,
             agent=agent or "agent",
+            task_id=task_id,
             turns=(TurnSpec(append_tokens=1, output_tokens=1),),
         )
-        record = SessionRecord(session_id, spec.agent, arrival_s, arrival_s, arrival_s)
+        record = SessionRecord(
+            session_id, spec.agent, arrival_s, arrival_s, arrival_s, task_id=task_id
+        )
         session = Session(spec, arrival_s, record)
         session.kv_owner = next(self._owners)
         return session
@@ -357,6 +366,7 @@ class LiveEngine(KVEngineView, FollowsTools):
                 return
             if not self._sessions[session_id].in_flight and session_id not in self.kv.pins:
                 del self._sessions[session_id]
+                self.kv.release_swapped(session_id)
                 excess -= 1
 
     def abort(self, stream: CallStream) -> None:
@@ -375,6 +385,7 @@ class LiveEngine(KVEngineView, FollowsTools):
         freed = len(call.blocks)
         self.kv.free(call)
         self.kv.unpin(call.session_id)
+        self.kv.release_swapped(call.session_id)
         self.counters.aborted += 1
         self._call_over(call, stream, "aborted", freed)
         self._work.set()
@@ -392,6 +403,7 @@ class LiveEngine(KVEngineView, FollowsTools):
         self.half.on_event(event)
         if event.kind == "session_end":
             self.kv.unpin(event.session_id)
+            self.kv.release_swapped(event.session_id)
 
     def _publish(self, event: AnyEvent) -> None:
         """An event the engine adds to the stream: to its own half and out."""
@@ -423,7 +435,7 @@ class LiveEngine(KVEngineView, FollowsTools):
                 self._step_end_s = -CATCH_UP_S  # a pause: the next step starts afresh
                 await self._idle()
                 continue
-            duration = self.cost.step_time(step.shape())
+            duration = self.step_duration(step, started)
             self._step_end_s = started + duration
             await asyncio.sleep(max(0.0, self._step_end_s - self.now))
             self._end_step(step, duration)
