@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from agentmars.sandbox.spec import SandboxError
@@ -76,13 +77,10 @@ def build_program(
 
 def _compile(argv: list[str], source: bytes, binary: Path, what: str, needed: str) -> None:
     """Compile ``source`` (the bytes the key was computed from, on stdin) with ``argv``
-    to a temporary file beside ``binary``, then rename it into place: a process racing
-    this one, or one killed midway, never leaves a partial binary under the final name."""
+    into ``binary`` (by way of ``written_in_place``)."""
     binary.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, temporary = tempfile.mkstemp(dir=binary.parent, prefix=".building-")
-    os.close(fd)
-    argv = [temporary if arg == "{output}" else arg for arg in argv]
-    try:
+    with written_in_place(binary) as temporary:
+        argv = [str(temporary) if arg == "{output}" else arg for arg in argv]
         try:
             built = subprocess.run(argv, input=source, capture_output=True, timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
@@ -93,7 +91,18 @@ def _compile(argv: list[str], source: bytes, binary: Path, what: str, needed: st
                 f"{built.stderr.decode(errors='replace').strip()}; {needed}"
             )
         os.chmod(temporary, 0o755)
-        os.replace(temporary, binary)
+
+
+@contextlib.contextmanager
+def written_in_place(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` to write, renamed onto ``path`` if the block
+    ends without an error and removed either way: a process racing this one, or one
+    killed midway, never leaves a partial file under the final name."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".writing-")
+    os.close(fd)
+    try:
+        yield Path(temporary)
+        os.replace(temporary, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)

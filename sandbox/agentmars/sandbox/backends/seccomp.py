@@ -10,13 +10,10 @@ builds it ahead (``python -m agentmars.sandbox.backends.seccomp``).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import subprocess
-import tempfile
 from pathlib import Path
 
-from agentmars.sandbox.backends.sandbox_init import BUILD_TIMEOUT_S, build_program
+from agentmars.sandbox.backends.sandbox_init import BUILD_TIMEOUT_S, build_program, written_in_place
 from agentmars.sandbox.spec import SandboxError
 
 SOURCE = Path(__file__).with_name("seccomp_filter.c")
@@ -39,7 +36,8 @@ def ensure_filter(compiler: str = "cc") -> Path:
     )
     bpf = generator.with_name(FILTER_NAME)
     if not bpf.is_file():
-        _write_atomically(bpf, _generate(generator))
+        with written_in_place(bpf) as temporary:
+            temporary.write_bytes(_generate(generator))
     return bpf
 
 
@@ -53,18 +51,6 @@ def _generate(generator: Path) -> bytes:
         why = done.stderr.decode(errors="replace").strip() or f"exit status {done.returncode}"
         raise SandboxError(f"cannot generate the seccomp filter: {why}")
     return program
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """A racing process, or one killed midway, never leaves a partial filter."""
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".writing-")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-        os.replace(temporary, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
 
 
 if __name__ == "__main__":
