@@ -43,6 +43,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from agentmars.sdk.events import MAX_COUNT
 from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard
 from agentmars.sdk.integrations.request import SESSION_HEADER
 from agentmars.server.engines.twin.engine import (
@@ -57,8 +58,6 @@ from agentmars.server.web.client_watch import ClientGone, ClientWatch, ClosingSt
 CHARS_PER_TOKEN = 4
 MAX_NAME = 256
 """Longest session id, call id, tool or agent name (the events' ``Id`` bound)."""
-MAX_TURN = 2**53
-"""Largest ``turn`` (the events' bound on counts: JSON numbers past it lose precision)."""
 XARGS_INTS = (-(2**63), 2**64)
 """Integers ``vllm_xargs`` may carry (vLLM checks its ``extra_args`` so: its engine's
 MessagePack transport holds 64 bits)."""
@@ -248,7 +247,7 @@ def _flag(xargs: Mapping[str, Any], name: str) -> bool:
 
 def _turn(xargs: Mapping[str, Any]) -> int | None:
     turn = xargs.get("turn")
-    if turn is not None and (not _is_int(turn) or not 0 <= turn <= MAX_TURN):
+    if turn is not None and (not _is_int(turn) or not 0 <= turn <= MAX_COUNT):
         raise ApiError(
             400,
             f"vllm_xargs.turn must be an integer from 0 to 2**53, got {turn!r:.80}",
