@@ -1,11 +1,14 @@
-"""What the ``agentmars serve`` tests share."""
+"""What the tests of commands that start servers (``serve``, the vLLM benches) share."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
+from typing import Any
 
 import httpx
+import psutil
 
 
 def wait_for(url: str, process: subprocess.Popen[str], timeout_s: float) -> None:
@@ -20,3 +23,22 @@ def wait_for(url: str, process: subprocess.Popen[str], timeout_s: float) -> None
             pass
         time.sleep(0.1)
     raise AssertionError(f"{url} did not answer within {timeout_s} s")
+
+
+def vllm_children(process: subprocess.Popen[Any]) -> list[psutil.Process]:
+    """The vLLM processes ``process`` has started."""
+    children = psutil.Process(process.pid).children(recursive=True)
+    return [p for p in children if "vllm" in " ".join(p.cmdline())]
+
+
+def sigterm_once_vllm_starts(process: subprocess.Popen[Any]) -> None:
+    """Send SIGTERM as soon as ``process`` has started vLLM; then nothing it started may
+    be left running."""
+    deadline = time.monotonic() + 120
+    while not (started := vllm_children(process)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert started, "vLLM was never started"
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert alive == [], f"left running: {[p.pid for p in alive]}"

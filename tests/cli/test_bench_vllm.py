@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.serving import sigterm_once_vllm_starts
 from tests.server.engines.vllm.conftest import vllm_python  # noqa: F401  (the fixture)
 
 CLI = [sys.executable, "-m", "agentmars.cli.main", "bench"]
@@ -107,3 +108,61 @@ def test_bench_plugin_reports_the_harness_refusal(
     done = _run("plugin", "--vllm-python", str(vllm_python), "--kv-blocks", "16")
     assert done.returncode == 2
     assert "more than 16 KV blocks hold" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--loads", "light=fast"], "--loads: 'light=fast' is not NAME=RATE or a rate"),
+        (["--loads", "x=-1"], "must be a positive number"),
+        (["--policies", "fcfs,nope"], "unknown policy 'nope'"),
+        (["--profile", "no-such-profile"], "unknown profile 'no-such-profile'"),
+        (["--num-blocks", "32"], "needs 33 blocks of 128 tokens"),
+    ],
+)
+def test_fidelity_refuses_bad_input_before_starting_vllm(args: list[str], message: str) -> None:
+    done = _run("fidelity", "--vllm-python", sys.executable, *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_bench_fidelity_fits_a_profile_and_compares_every_model(
+    vllm_python: Path,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    # The whole path at its smallest: calibrate here, then real, twin and simulator.
+    out = tmp_path / "fidelity.json"
+    done = _run(
+        "fidelity", "--vllm-python", str(vllm_python), "--loads", "quick=2",
+        "--policies", "fcfs", "--sessions", "3", "--max-turns", "2", "--max-context", "1024",
+        "--num-blocks", "16", "--log-dir", str(tmp_path / "logs"), "--json", str(out),
+        "--plot", str(tmp_path / "load.png"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["profile"] == str((tmp_path / "logs" / "cpu-host.json").resolve())
+    (point,) = figures["points"]
+    assert set(point["models"]) == {"sim", "twin"}
+    for name, row in point["comparison"].items():
+        for model in ("sim", "twin"):
+            assert row[f"{model} error"] == pytest.approx(row[model] / row["real"] - 1), name
+    assert point["real"]["engine_load"]["samples"] > 0
+    assert (tmp_path / "load.png").stat().st_size > 0
+    assert "sim error" in done.stdout and "twin error" in done.stdout
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_fidelity_bench_and_every_server_it_started(
+    vllm_python: Path,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "AGENTMARS_VLLM_PYTHON": str(vllm_python)}
+    process = subprocess.Popen(
+        [*CLI, "fidelity", "--log-dir", str(tmp_path), "--max-context", "1024",
+         "--num-blocks", "16"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    sigterm_once_vllm_starts(process)
+    assert process.returncode != 0

@@ -20,7 +20,7 @@ from agentmars.sdk.events import SessionEnd
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME
 from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 from agentmars.server.web.serving import free_loopback_port
-from tests.cli.serving import wait_for
+from tests.cli.serving import sigterm_once_vllm_starts, vllm_children, wait_for
 from tests.server.engines.vllm.conftest import vllm_python  # noqa: F401  (the fixture)
 
 CLI = [sys.executable, "-m", "agentmars.cli.main", "serve"]
@@ -73,25 +73,12 @@ def _check_side_channel(base: str) -> None:
     assert figures.get(released) == 1, figures
 
 
-def _vllm_children(process: subprocess.Popen[str]) -> list[psutil.Process]:
-    children = psutil.Process(process.pid).children(recursive=True)
-    return [p for p in children if "vllm" in " ".join(p.cmdline())]
-
-
 @pytest.mark.slow
 def test_sigterm_while_vllm_starts_leaves_nothing_running(
     vllm_python: Path,  # noqa: F811  (the fixture imported above)
     tmp_path: Path,
 ) -> None:
-    process = _start(vllm_python, free_loopback_port(), tmp_path / "vllm.log")
-    deadline = time.monotonic() + 120
-    while not (started := _vllm_children(process)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert started, "vLLM was never started"
-    process.send_signal(signal.SIGTERM)
-    process.wait(timeout=60)
-    _, alive = psutil.wait_procs(started, timeout=30)
-    assert alive == [], f"left running: {[p.pid for p in alive]}"
+    sigterm_once_vllm_starts(_start(vllm_python, free_loopback_port(), tmp_path / "vllm.log"))
 
 
 @pytest.mark.slow
@@ -106,7 +93,7 @@ def test_serve_answers_through_the_gateway_and_stops_cleanly(
     try:
         wait_for(base + "/healthz", process, timeout_s=600)
         descendants = psutil.Process(process.pid).children(recursive=True)
-        assert _vllm_children(process)
+        assert vllm_children(process)
         reply = httpx.post(
             base + "/v1/completions",
             json={
@@ -128,3 +115,17 @@ def test_serve_answers_through_the_gateway_and_stops_cleanly(
     assert process.returncode == 0, process.stderr.read() if process.stderr else ""
     _, alive = psutil.wait_procs(descendants, timeout=30)
     assert alive == [], f"left running: {[p.pid for p in alive]}"
+
+
+def test_serve_refuses_a_kv_cache_too_small_for_its_context(tmp_path: Path) -> None:
+    # Refused before vLLM starts: the KV must hold one longest context and the null block.
+    (tmp_path / "config.json").write_text("{}")
+    done = subprocess.run(
+        [*CLI, "--engine", "vllm", "--model", str(tmp_path), "--vllm-python", sys.executable,
+         "--num-blocks", "32", "--max-model-len", "4096", "--port", "1"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "AGENTMARS_GATEWAY_TOKEN": "t"},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--num-blocks 32: 32 KV blocks cannot hold a context of 4096 tokens" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -23,14 +23,17 @@ token of the calls that follow a tool, and vLLM's prefix-cache hit rate over the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import os
 import random
 import re
 import statistics
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,7 @@ from rich.table import Table
 
 from agentmars.bench.report import progress_bars, publish
 from agentmars.sdk.events import SessionEnd, ToolEnd, ToolStart, encode_jsonl
-from agentmars.server.engines.vllm.launch import CPU_BLOCK_SIZE, SERVED_MODEL_NAME
+from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME, check_kv_holds_context
 from agentmars.server.engines.vllm.smoke import metric_total
 from agentmars.server.web.serving import serve_in_subprocess
 from agentmars.server.workloads.registry import build_workload
@@ -51,8 +54,11 @@ FIRST_PLAIN_TOKEN = 3
 TINY_VOCAB = 512
 STARTUP_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 300.0
-ENGINE_LINE = re.compile(r"engine (http://\S+)")
-"""How ``agentmars serve`` names the engine's URL on its first line."""
+ENGINE_LINE = re.compile(r"engine\b[^\n]*?(http://\S+)")
+"""How ``agentmars serve`` names the engine's URL on its first line (vLLM's, or the
+twin's after its profile and policy)."""
+SAMPLE_INTERVAL_S = 0.5
+"""How often the engine's load is read during a replay."""
 
 
 class SessionMixError(ValueError):
@@ -151,9 +157,12 @@ class SessionResult:
 class Replayer:
     """Replays sessions against a gateway: streamed completions and tool events."""
 
-    def __init__(self, client: httpx.AsyncClient, gateway: str) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, gateway: str, model: str = SERVED_MODEL_NAME
+    ) -> None:
         self._client = client
         self._gateway = gateway
+        self._model = model
 
     async def session(self, session: ReplaySession, start: float) -> SessionResult:
         await asyncio.sleep(max(0.0, start + session.arrival_s - time.monotonic()))
@@ -179,7 +188,7 @@ class Replayer:
         self, session: ReplaySession, turn_index: int, turn: ReplayTurn, prompt: list[int]
     ) -> tuple[float, list[int]]:
         body = {
-            "model": SERVED_MODEL_NAME,
+            "model": self._model,
             "prompt": prompt,
             "max_tokens": turn.output_tokens,
             "ignore_eos": True,
@@ -250,12 +259,14 @@ def stream_token_ids(line: str) -> list[int]:
     return [int(t) for choice in chunk.get("choices", []) for t in choice.get("token_ids") or []]
 
 
-async def replay(gateway: str, mix: list[ReplaySession]) -> list[SessionResult]:
+async def replay(
+    gateway: str, mix: list[ReplaySession], model: str = SERVED_MODEL_NAME
+) -> list[SessionResult]:
     """Every session of the mix at its arrival time, all at once."""
     limits = httpx.Limits(max_connections=len(mix) * 2 + 4)
     timeout = httpx.Timeout(CALL_TIMEOUT_S, connect=5.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        replayer = Replayer(client, gateway)
+        replayer = Replayer(client, gateway, model)
         start = time.monotonic()
         return list(await asyncio.gather(*(replayer.session(s, start) for s in mix)))
 
@@ -273,23 +284,71 @@ class EngineShape:
     max_model_len: int = 4096
     """The longest context (``MixShape.max_context``)."""
     cores: str | None = "0"
+    """CPUs for vLLM (or for the twin, which is the engine in the gateway's process)."""
+    agent_cores: str | None = "1"
+    """CPUs for the gateway and the replaying agents (this process), apart from the
+    engine's, as a serving node keeps its API tier off the engine's cores."""
     log_dir: Path = Path("out/bench-session-mix")
     profile: str | None = "cpu-tiny"
-    """The plugin's cost profile (policies that need time estimates): ``cpu-tiny`` is
-    the fit to this engine, vLLM CPU with the tiny model (docs/cost-model.md)."""
+    """The plugin's cost profile (policies that need time estimates): a registered name
+    or a profile file, e.g. the one ``agentmars calibrate`` fitted to this host."""
+    twin: bool = False
+    """Serve with the wall-clock twin paced from ``profile`` (``serve --engine sim``)
+    instead of vLLM."""
+    vllm_args: tuple[str, ...] = ()
+    """More vLLM arguments (``serve --vllm-arg``), e.g. its per-step log."""
 
 
 def _serve_argv(engine: EngineShape, policy: str) -> list[str]:
     argv = [
-        sys.executable, "-m", "agentmars.cli.main", "serve", "--engine", "vllm",
-        "--model", str(engine.model), "--vllm-python", str(engine.vllm_python),
-        "--policy", policy, "--num-blocks", str(engine.num_blocks),
-        "--max-model-len", str(engine.max_model_len),
-        "--log", str(engine.log_dir / f"vllm-{policy}.log"),
+        sys.executable, "-m", "agentmars.cli.main", "serve", "--policy", policy,
+        "--num-blocks", str(engine.num_blocks), "--max-model-len", str(engine.max_model_len),
     ]  # fmt: skip
     if engine.profile is not None:
-        argv += ["--profile", engine.profile]
-    return argv if engine.cores is None else [*argv, "--cores", engine.cores]
+        # The server may resolve a relative file against another directory.
+        profile = Path(engine.profile)
+        argv += ["--profile", str(profile.resolve()) if profile.is_file() else engine.profile]
+    if engine.twin:
+        # The twin steps in the gateway's process: that process is the engine.
+        argv += ["--engine", "sim"]
+        return argv if engine.cores is None else ["taskset", "-c", engine.cores, *argv]
+    argv += [
+        "--engine", "vllm", "--model", str(engine.model),
+        "--vllm-python", str(engine.vllm_python),
+        "--log", str(engine.log_dir / f"vllm-{policy}.log"),
+    ]  # fmt: skip
+    if engine.cores is not None:
+        argv += ["--cores", engine.cores]
+    argv += [f"--vllm-arg={arg}" for arg in engine.vllm_args]
+    return argv if engine.agent_cores is None else ["taskset", "-c", engine.agent_cores, *argv]
+
+
+@contextlib.contextmanager
+def pinned(cores: str | None) -> Iterator[None]:
+    """This process (the replaying agents) on ``cores`` for the block ("1", "1-3", "1,3")."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, parse_cpu_list(cores))
+    except (ValueError, OSError) as error:
+        raise SessionMixError(f"cannot run the agents on CPUs {cores!r}: {error}") from None
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def parse_cpu_list(cores: str) -> set[int]:
+    """The CPUs of a list such as ``1``, ``1-3`` or ``0,2-3``."""
+    chosen: set[int] = set()
+    for part in cores.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"{cores!r} is not a CPU list such as 1, 1-3 or 0,2-3")
+        chosen.update(range(int(low), int(high or low) + 1))
+    return chosen
 
 
 def _engine_url(serve_log: Path) -> str:
@@ -305,12 +364,70 @@ def _counters(engine_url: str) -> dict[str, float]:
     return {name: metric_total(text, f"vllm:{name}") for name in names}
 
 
-async def _warm_up(gateway: str, tokens: int) -> None:
+LOAD_GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+
+
+class LoadSampler:
+    """Reads the engine's load gauges (vLLM's, which the twin writes too) every
+    ``SAMPLE_INTERVAL_S`` in a thread, for the figures of where the time goes."""
+
+    def __init__(self, engine_url: str) -> None:
+        self._url = engine_url + "/metrics"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="load-sampler", daemon=True)
+        self.samples: list[tuple[float, float, float, float]] = []
+        """(seconds since start, running, waiting, KV usage 0-1)."""
+
+    def __enter__(self) -> LoadSampler:
+        self._began = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        with httpx.Client(timeout=5.0) as client:
+            while not self._stop.wait(SAMPLE_INTERVAL_S):
+                try:
+                    text = client.get(self._url).text
+                except httpx.HTTPError:
+                    continue  # a missed sample; the replay reports a dead engine
+                running, waiting, kv = (metric_total(text, f"vllm:{g}") for g in LOAD_GAUGES)
+                self.samples.append((time.monotonic() - self._began, running, waiting, kv))
+
+    def figures(self) -> dict[str, Any]:
+        """Busy fraction (samples with a call running), queue and KV over the replay."""
+        if not self.samples:
+            return {"samples": 0}
+        running = [s[1] for s in self.samples]
+        waiting = [s[2] for s in self.samples]
+        kv = [s[3] for s in self.samples]
+        return {
+            "samples": len(self.samples),
+            "interval_s": SAMPLE_INTERVAL_S,
+            "busy_fraction": sum(r > 0 for r in running) / len(running),
+            "running_mean": statistics.fmean(running),
+            "waiting_mean": statistics.fmean(waiting),
+            "waiting_max": max(waiting),
+            "kv_usage_mean": statistics.fmean(kv),
+            "kv_usage_max": max(kv),
+            "series": [list(s) for s in self.samples],
+        }
+
+
+def _served_model(engine_url: str) -> str:
+    """The model the engine serves (vLLM: the tiny model's name; the twin: its profile's)."""
+    return str(httpx.get(engine_url + "/v1/models", timeout=10.0).json()["data"][0]["id"])
+
+
+async def _warm_up(gateway: str, tokens: int, model: str) -> None:
     """A first prefill and decode (vLLM compiles and allocates on first use), sharing
     no prefix with the mix (its ids descend; the mix's are random)."""
     prompt = [TINY_VOCAB - 1 - i % (TINY_VOCAB - FIRST_PLAIN_TOKEN) for i in range(tokens)]
     mix = [ReplaySession("warm-up", 0.0, (ReplayTurn(tuple(prompt), 16, None, 0.0),))]
-    (result,) = await replay(gateway, mix)
+    (result,) = await replay(gateway, mix, model)
     if result.error:
         raise RuntimeError(f"the warm-up call failed: {result.error}")
 
@@ -318,7 +435,7 @@ async def _warm_up(gateway: str, tokens: int) -> None:
 def run_policy(engine: EngineShape, policy: str, mix: list[ReplaySession]) -> dict[str, Any]:
     """Serve with ``policy``, replay the mix, stop; the policy's figures."""
     engine.log_dir.mkdir(parents=True, exist_ok=True)
-    serve_log = engine.log_dir / f"serve-{policy}.log"
+    serve_log = engine.log_dir / f"serve-{'twin-' if engine.twin else ''}{policy}.log"
     started = time.monotonic()
     with serve_in_subprocess(
         _serve_argv(engine, policy),
@@ -331,17 +448,21 @@ def run_policy(engine: EngineShape, policy: str, mix: list[ReplaySession]) -> di
         startup_s = time.monotonic() - started
         engine_url = _engine_url(serve_log)
         try:
-            asyncio.run(_warm_up(gateway, engine.max_model_len // 2))
+            model = _served_model(engine_url)
+            asyncio.run(_warm_up(gateway, engine.max_model_len // 2, model))
             before = _counters(engine_url)
             replay_started = time.monotonic()
-            results = asyncio.run(replay(gateway, mix))
+            with LoadSampler(engine_url) as load:
+                results = asyncio.run(replay(gateway, mix, model))
             replay_s = time.monotonic() - replay_started
             after = _counters(engine_url)
         except httpx.HTTPError as error:
             # A call's own failure is a failed session; this is the gateway or vLLM gone.
             raise RuntimeError(f"{policy}: {error!r} (logs in {engine.log_dir})") from None
     deltas = {name: after[name] - before[name] for name in before}
-    return summarize(policy, results, deltas, startup_s=startup_s, replay_s=replay_s)
+    figures = summarize(policy, results, deltas, startup_s=startup_s, replay_s=replay_s)
+    figures["engine_load"] = load.figures()
+    return figures
 
 
 def summarize(
@@ -403,14 +524,10 @@ def run(
     json_out: Path | None,
 ) -> dict[str, Any]:
     """Every policy in turn on the same mix; print the table, write the JSON."""
-    if engine.num_blocks * CPU_BLOCK_SIZE < shape.max_context:
-        raise SessionMixError(
-            f"{engine.num_blocks} KV blocks hold fewer than {shape.max_context} tokens: a "
-            "session's last call would never fit; give more blocks or a shorter context"
-        )
+    check_fits(engine.num_blocks, shape.max_context)
     mix = build_mix(shape)
     results = []
-    with progress_bars() as show:
+    with pinned(engine.agent_cores), progress_bars() as show:
         for i, policy in enumerate(policies):
             show("policies (each: start vLLM, replay, stop)", i, len(policies))
             results.append(run_policy(engine, policy, mix))
@@ -424,6 +541,14 @@ def run(
         "ratio_to_first": ratios(results),
     }  # fmt: skip
     return publish(table(figures), figures, json_out)
+
+
+def check_fits(num_blocks: int, max_context: int) -> None:
+    """A session's longest context must fit the engine's KV."""
+    try:
+        check_kv_holds_context(num_blocks, max_context)
+    except ValueError as error:
+        raise SessionMixError(str(error)) from None
 
 
 def ratios(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -458,5 +583,17 @@ def table(figures: dict[str, Any]) -> Table:
         row += [f"{figures['ratio_to_first'][r['policy']][name]:.3f}" for r in results[1:]]
         out.add_row(name, *row)
     out.add_row("preemptions", *(f"{r['preemptions']:g}" for r in results))
+    out.add_row(
+        "engine busy fraction",
+        *(f"{r['engine_load'].get('busy_fraction', math.nan):.2f}" for r in results),
+    )
+    out.add_row(
+        "calls waiting, mean / max",
+        *(
+            f"{r['engine_load'].get('waiting_mean', math.nan):.1f} / "
+            f"{r['engine_load'].get('waiting_max', math.nan):g}"
+            for r in results
+        ),
+    )
     out.add_row("failed sessions", *(str(len(r["failed"])) for r in results))
     return out

@@ -224,6 +224,12 @@ def bench_session_mix(
     tool_scale: Annotated[float, typer.Option(help="Factor on the tools' durations.")] = 1.0,
     num_blocks: Annotated[int, typer.Option(min=1, help="vLLM's KV blocks (128 tokens).")] = 64,
     cores: Annotated[str | None, typer.Option(help="CPUs for vLLM.")] = "0",
+    agent_cores: Annotated[
+        str | None, typer.Option(help="CPUs for the gateway and the agents.")
+    ] = "1",
+    profile: Annotated[
+        str, typer.Option(help="The plugin's cost profile (name or file).")
+    ] = "cpu-tiny",
     log_dir: Annotated[Path, typer.Option(help="Logs of each run.")] = Path(
         "out/bench-session-mix"
     ),
@@ -232,8 +238,15 @@ def bench_session_mix(
     """Policies on vLLM CPU with the plugin and the gateway: a replayed mix of agent
     sessions, one policy after the other (session latency, TTFT after tools, prefix-cache
     hit rate). Several minutes: vLLM starts once per policy."""
-    from agentmars.bench.session_mix import EngineShape, MixShape, SessionMixError, run
+    from agentmars.bench.session_mix import (
+        EngineShape,
+        MixShape,
+        SessionMixError,
+        check_fits,
+        run,
+    )
     from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+    from agentmars.cli.serve import stop_on_sigterm
     from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
     from agentmars.server.policies.registry import UnknownPolicy, policy_class
     from agentmars.server.workloads.errors import WorkloadError
@@ -245,9 +258,12 @@ def bench_session_mix(
         for name in names or [""]:
             policy_class(name)
         shape.check()
+        check_fits(num_blocks, max_context)
         engine = EngineShape(
-            python, tiny_model_made_by(python), num_blocks, max_context, cores, log_dir
-        )
+            python, tiny_model_made_by(python), num_blocks, max_context, cores,
+            agent_cores, log_dir, profile,
+        )  # fmt: skip
+        stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server it started stops
         figures = run(engine, shape, names, json_out)
     except (BenchSetupError, SessionMixError, UnknownPolicy, WorkloadError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -255,6 +271,90 @@ def bench_session_mix(
     # A run with failed sessions (a call refused, the engine dead) measured something
     # else than the policy: its figures are printed, but the command fails.
     failed = [(r["policy"], r["failed"]) for r in figures["policies"] if r["failed"]]
+    for policy, errors in failed:
+        typer.echo(f"error: {len(errors)} sessions failed under {policy}: {errors[0]}", err=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+@bench_app.command("fidelity")
+def bench_fidelity(
+    vllm_python: Annotated[
+        Path | None,
+        typer.Option(help="The vLLM environment's python (default: $AGENTMARS_VLLM_PYTHON)."),
+    ] = None,
+    policies: Annotated[str, typer.Option(help="Comma-separated.")] = "fcfs,continuum",
+    loads: Annotated[
+        str, typer.Option(help="Operating points as NAME=RATE (sessions/s), comma-separated.")
+    ] = "light=0.15,heavy=0.6,near-saturation=0.9",
+    profile: Annotated[
+        str | None,
+        typer.Option(help="Cost profile (name or file); default: fit one here first."),
+    ] = None,
+    twin: Annotated[bool, typer.Option(help="Also replay on the wall-clock twin.")] = True,
+    workload: Annotated[str, typer.Option(help="Registered workload generator.")] = "react",
+    sessions: Annotated[int, typer.Option(min=1)] = 40,
+    seed: Annotated[int, typer.Option(min=0)] = 1,
+    max_context: Annotated[int, typer.Option(help="Tokens a session's context may reach.")] = (
+        4096
+    ),
+    max_turns: Annotated[int, typer.Option(min=1, help="Calls per session, at most.")] = 4,
+    num_blocks: Annotated[int, typer.Option(min=1, help="vLLM's KV blocks (128 tokens).")] = 64,
+    cores: Annotated[str | None, typer.Option(help="CPUs for the engine.")] = "0",
+    agent_cores: Annotated[
+        str | None, typer.Option(help="CPUs for the gateway and the agents.")
+    ] = "1",
+    log_dir: Annotated[Path, typer.Option(help="Logs and the fitted profile.")] = Path(
+        "out/bench-fidelity"
+    ),
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Plot the real engine's queue and KV over time here.")
+    ] = None,
+) -> None:
+    """The simulator (and the twin) against vLLM CPU on the same replayed mix: mean / P95
+    session latency, TTFT after tools, prefix-hit rate, and the relative error, per load
+    and policy. Tens of minutes: vLLM starts once per load and policy."""
+    from agentmars.bench.fidelity import FidelityError, parse_loads, plot_engine_load, run
+    from agentmars.bench.session_mix import EngineShape, MixShape, SessionMixError, check_fits
+    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+    from agentmars.cli.serve import stop_on_sigterm
+    from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
+    from agentmars.server.policies.registry import UnknownPolicy, policy_class
+    from agentmars.server.profiles.cost_model import ProfileError, load_profile
+    from agentmars.server.workloads.errors import WorkloadError
+
+    names = [name.strip() for name in policies.split(",") if name.strip()]
+    try:
+        points = parse_loads(loads)
+        shape = MixShape(workload, sessions, points[0].rate, seed, max_context, max_turns)
+        shape.check()
+        check_fits(num_blocks, max_context)
+        for name in names:
+            policy_class(name)
+        if profile is not None:
+            load_profile(profile)
+        python = find_vllm_python(vllm_python)
+        engine = EngineShape(
+            python, tiny_model_made_by(python), num_blocks, max_context, cores,
+            agent_cores, log_dir, profile,
+        )  # fmt: skip
+        stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server it started stops
+        figures = run(engine, shape, points, names, twin=twin, json_out=json_out)
+        if plot is not None:
+            plot_engine_load(figures, plot)
+    except (
+        BenchSetupError, FidelityError, SessionMixError, UnknownPolicy, ProfileError,
+        WorkloadError, RuntimeError,
+    ) as exc:  # fmt: skip
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    failed = [
+        (p["policy"], run_["failed"])
+        for p in figures["points"]
+        for run_ in (p["real"], *p["models"].values())
+        if run_["failed"]
+    ]
     for policy, errors in failed:
         typer.echo(f"error: {len(errors)} sessions failed under {policy}: {errors[0]}", err=True)
     if failed:

@@ -17,7 +17,12 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentmars.server.engines.vllm.launch import CPU_BLOCK_SIZE, VllmServerConfig, serve_vllm
+from agentmars.server.engines.vllm.launch import (
+    CPU_BLOCK_SIZE,
+    VllmServerConfig,
+    check_kv_holds_context,
+    serve_vllm,
+)
 from agentmars.server.engines.vllm.plugin_config import PluginConfig, PluginConfigError
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app, run_gateway
 
@@ -53,6 +58,10 @@ class ServeOptions:
                 f"the vLLM python {self.vllm_python} does not exist; "
                 f"make it with scripts/vllm-env.sh and pass --vllm-python or ${VLLM_PYTHON_ENV}"
             )
+        try:
+            check_kv_holds_context(self.num_blocks, self.max_model_len)
+        except ValueError as error:
+            raise ServeError(f"--num-blocks {self.num_blocks}: {error}") from None
         # The plugin's own check, before vLLM takes a minute to start and refuse.
         env = {"AGENTMARS_POLICY": self.policy, "AGENTMARS_HINTS_ADDR": "ipc://check"}
         if self.profile is not None:

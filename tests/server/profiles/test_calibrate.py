@@ -30,6 +30,7 @@ from agentmars.server.profiles.calibrate import (
     nnls,
     prefill_features,
     recording_rows,
+    resume_rows,
 )
 from agentmars.server.profiles.cost_model import (
     CostModel,
@@ -43,6 +44,7 @@ from agentmars.server.profiles.measure import (
     CalibrationError,
     ProbePlan,
     design_probes,
+    host_cpu_description,
     record,
     server_facts,
 )
@@ -83,6 +85,19 @@ def test_a_mixed_step_is_the_gap_that_ends_with_the_injected_first_token() -> No
     assert row.kind == "mixed" and row.seconds == pytest.approx(0.2)
     assert row.features == (1.0, 50.0, 1275.0, 2.0, 36.0)
     assert mixed_rows(probe, budget=51) == []  # 50 + 2 would not fit in one step
+
+
+def test_a_resume_is_its_uncached_tokens_attending_to_the_cached() -> None:
+    first = StreamRecord(prompt_tokens=300, sent_s=0.0, token_s=[0.05])
+    second = StreamRecord(prompt_tokens=700, cached_tokens=256, sent_s=0.1, token_s=[0.16])
+    (row,) = resume_rows(ProbeRecord(kind="resume", streams=[first, second]), budget=2048)
+    # 444 new tokens after 256 cached: 444 * (2 * 256 + 444 + 1) / 2 = 212,454 pairs.
+    assert row == Row("resume", pytest.approx(0.06), (1.0, 444.0, 212_454.0, 0.0, 0.0), 1)
+    # Chunked: 3000 new after 1000 cached, budget 2048: 2048 * (2000 + 2049) / 2 +
+    # 952 * (2 * 3048 + 953) / 2.
+    assert prefill_features(3000, 2048, before=1000) == (
+        2.0, 3000.0, 2048 * 4049 // 2 + 952 * 7049 // 2, 0.0, 0.0,
+    )  # fmt: skip
 
 
 # --- solving -------------------------------------------------------------------------------
@@ -233,13 +248,16 @@ def test_probes_stay_inside_the_engine_limits(quick: bool) -> None:
         kv_bytes_per_token=1024,
     )
     plans = design_probes(engine, repeats=2, quick=quick)
-    assert {plan.kind for plan in plans} == {"prefill", "decode", "batch", "mixed"}
+    assert {plan.kind for plan in plans} == {"prefill", "decode", "batch", "mixed", "resume"}
     for plan in plans:
         assert len(plan.prompt_tokens) <= engine.max_num_seqs
         assert sum(plan.prompt_tokens) + sum(plan.max_tokens) <= 200 * 128
         assert max(plan.prompt_tokens) + max(plan.max_tokens) <= engine.max_model_len
         if plan.kind == "mixed":
             assert plan.prompt_tokens[-1] + len(plan.prompt_tokens) - 1 <= 2048
+        if plan.kind == "resume":  # the second prompt extends the first
+            cached, whole = plan.prompt_tokens
+            assert 0 < cached < whole
     prefill = sorted({plan.prompt_tokens[0] for plan in plans if plan.kind == "prefill"})
     assert prefill[-1] > 2048  # some prompts are chunked
     assert plans.count(plans[0]) == 2
@@ -323,6 +341,9 @@ def test_the_command_measures_fits_and_writes_a_profile(paced_url: str, tmp_path
     assert CostModel(profile).decode_time(100) > 0
     recording = Recording.model_validate_json((tmp_path / "paced.recording.json").read_text())
     assert len(recording.probes) == len(design_probes(ENGINE, repeats=1, quick=True))
+    # The machine is named: a CPU engine's profile predicts only the host it was fitted on.
+    assert recording.host == host_cpu_description()
+    assert recording.host in profile.description
     assert "prefill" in done.stdout and "written to" in done.stdout
     # The same recording fits again offline, into the same profile.
     again = tmp_path / "again.json"
@@ -452,3 +473,16 @@ def test_a_mixed_window_timed_far_too_short_is_set_aside() -> None:
     assert fit.cost.c1 == pytest.approx(truth.c1, rel=0.1)
     assert fit.cost.c3 == pytest.approx(truth.c3, rel=0.1)
     assert fit.r_squared > 0.99
+
+
+def test_the_host_is_described_by_its_cpu_and_speed_features() -> None:
+    cpuinfo = (
+        "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx avx2 fma\n\n"
+        "processor\t: 1\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx avx2 fma\n"
+    )
+    assert host_cpu_description(cpuinfo) == "AMD EPYC 7B13, 2 logical CPUs, avx2"
+    sapphire = "processor : 0\nmodel name : Xeon\nflags : avx2 avx512f avx512_bf16 amx_bf16\n"
+    assert (
+        host_cpu_description(sapphire) == "Xeon, 1 logical CPUs, avx2 avx512f avx512_bf16 amx_bf16"
+    )
+    assert host_cpu_description("") == "unknown CPU, 0 logical CPUs, no AVX2"

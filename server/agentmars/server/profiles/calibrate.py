@@ -16,6 +16,12 @@ Each probe class gives equations of one kind:
   decoding N sequences.
 - ``mixed``: N decoding streams, then one more prompt that fits in the step's leftover
   budget: the decode gap that ends with its first token is one step holding both.
+- ``resume``: a prompt, then (in the same session) that prompt plus more tokens, as an
+  agent's next call after a tool: the second one's time to first token is one
+  request's overhead plus the chunks of its uncached tokens, each attending to the
+  cached context before it. NOTE: ours: an agent's prefills are mostly such resumes,
+  whose attention reads the cached blocks (the paged path), which fresh prompts alone
+  do not measure.
 
 Gaps are summed over windows of a few steps, and equations are weighted by one over
 the measured time, so the fit minimises relative error: a 2 ms decode step counts as
@@ -34,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentmars.server.profiles.cost_model import EngineLimits, FittedCost, Profile, chunk_attention
 
-ProbeKind = Literal["prefill", "decode", "batch", "mixed"]
+ProbeKind = Literal["prefill", "decode", "batch", "mixed", "resume"]
 FEATURES = ("steps", "prefill_tokens", "prefill_attention", "decode_seqs", "decode_context")
 """Step features, in the order of the coefficients c0..c4."""
 DEFAULT_WINDOW = 8
@@ -51,6 +57,8 @@ class StreamRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     prompt_tokens: int = Field(gt=0)
+    cached_tokens: int = Field(default=0, ge=0)
+    """Prompt tokens the server found in its prefix cache (``resume``'s second stream)."""
     sent_s: float
     token_s: list[float] = Field(min_length=1)
     """Arrival of each output token, in order."""
@@ -74,6 +82,9 @@ class Recording(BaseModel):
     url: str
     model: str
     recorded_at: str
+    host: str | None = None
+    """The measured machine's CPU (``measure.host_cpu_description``): a CPU engine's
+    speed is its host's, so a profile only predicts the machine it was fitted on."""
     engine: EngineLimits
     probes: list[ProbeRecord]
 
@@ -137,13 +148,14 @@ def _add(a: Features, b: Features) -> Features:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4])
 
 
-def prefill_features(tokens: int, budget: int) -> Features:
-    """The steps of one prompt alone, in chunks of ``budget`` tokens."""
+def prefill_features(tokens: int, budget: int, before: int = 0) -> Features:
+    """The steps of one prompt alone, in chunks of ``budget`` tokens, after ``before``
+    cached tokens."""
     total: Features = (0.0, 0.0, 0.0, 0.0, 0.0)
     done = 0
     while done < tokens:
         chunk = min(budget, tokens - done)
-        total = _add(total, (1.0, chunk, chunk_attention(chunk, done), 0.0, 0.0))
+        total = _add(total, (1.0, chunk, chunk_attention(chunk, before + done), 0.0, 0.0))
         done += chunk
     return total
 
@@ -167,6 +179,16 @@ def prefill_rows(probe: ProbeRecord, budget: int) -> list[Row]:
     stream = probe.streams[0]
     ttft = stream.token_s[0] - stream.sent_s
     return [Row("prefill", ttft, prefill_features(stream.prompt_tokens, budget), requests=1)]
+
+
+def resume_rows(probe: ProbeRecord, budget: int) -> list[Row]:
+    """The second prompt's time to first token: its uncached tokens after the cached."""
+    stream = probe.streams[-1]
+    ttft = stream.token_s[0] - stream.sent_s
+    features = prefill_features(
+        stream.prompt_tokens - stream.cached_tokens, budget, before=stream.cached_tokens
+    )
+    return [Row("resume", ttft, features, requests=1)]
 
 
 def decode_rows(probe: ProbeRecord, window: int) -> list[Row]:
@@ -242,6 +264,8 @@ def recording_rows(recording: Recording, window: int = DEFAULT_WINDOW) -> list[R
             rows += decode_rows(probe, window)
         elif probe.kind == "batch":
             rows += batch_rows(probe, window)
+        elif probe.kind == "resume":
+            rows += resume_rows(probe, budget)
         else:
             rows += mixed_rows(probe, budget)
     return rows
@@ -380,7 +404,8 @@ def fitted_profile(
     return Profile(
         name=name,
         description=description
-        or f"{recording.model} measured at {recording.url} on {recording.recorded_at}",
+        or f"{recording.model} measured at {recording.url} on {recording.recorded_at}"
+        + (f" ({recording.host})" if recording.host else ""),
         sources=[
             f"step time fitted by agentmars calibrate to {len(recording.probes)} probes "
             f"(R^2 {fit.r_squared:.4f}; relative error {errors}; request overhead "
@@ -391,4 +416,5 @@ def fitted_profile(
         cpu_kv_blocks=cpu_kv_blocks,
         cpu_kv_bandwidth_bytes_s=cpu_kv_bandwidth_bytes_s,
         cost=fit.cost,
+        request_overhead_s=fit.request_overhead_s,
     )

@@ -139,6 +139,10 @@ class Profile(EngineLimits):
     cpu_kv_bandwidth_bytes_s: float = Field(gt=0)
     """Host<->GPU bandwidth for that tier, one direction, as achieved."""
     cost: Annotated[RooflineCost | FittedCost, Field(discriminator="kind")]
+    request_overhead_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    """What a request costs before the engine schedules it (the API server's
+    handling): fitted by ``agentmars calibrate``, 0 for the derived GPU profiles,
+    whose sources do not give it."""
 
 
 class ProfileError(ValueError):

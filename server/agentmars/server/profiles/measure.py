@@ -10,6 +10,7 @@ preemption would put recompute time into the timings.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import re
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -105,6 +107,11 @@ def design_probes(engine: EngineLimits, repeats: int = 2, quick: bool = False) -
             prompts = (batch_prompt,) * seqs + (injected,)
             outputs = (2 * decode_tokens,) * seqs + (1,)
             plans.append(ProbePlan("mixed", prompts, outputs, inject_after=decode_tokens // 2))
+    # A session's next call: its context so far (cached), then an append to prefill.
+    for cached in (longest // 4,) if quick else (longest // 4, longest // 2, 3 * longest // 4):
+        for append in (128,) if quick else (128, 512, budget):
+            if cached + append <= longest and 2 * cached + append + 2 <= kv_tokens:
+                plans.append(ProbePlan("resume", (cached, cached + append), (1, 1)))
     # NOTE: the whole grid again per repeat, not each probe `repeats` times in a row: a
     # burst of load from another process then slows one run of several probes, which
     # the robust fit sets aside, rather than every run of one probe.
@@ -170,12 +177,17 @@ class _Stream:
     max_tokens: int
     sent_s: float = 0.0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     token_s: list[float] = field(default_factory=list)
+    session: str | None = None
+    """Sent as ``X-Session-ID`` (a resume's two calls are one session's, which an
+    engine that caches per session, such as the twin, needs)."""
 
     def record(self) -> StreamRecord:
         # Microseconds are finer than any step; the file stays small.
         return StreamRecord(
             prompt_tokens=self.prompt_tokens or len(self.prompt),
+            cached_tokens=self.cached_tokens,
             sent_s=round(self.sent_s, 6),
             token_s=[round(t, 6) for t in self.token_s],
         )
@@ -184,11 +196,16 @@ class _Stream:
 class Prober:
     """Runs probe plans against one server and records their timings."""
 
-    def __init__(self, url: str, model: str, *, vocab_size: int, seed: int) -> None:
+    def __init__(
+        self, url: str, model: str, *, vocab_size: int, seed: int, block_size: int = 1
+    ) -> None:
         self.url = url.rstrip("/")
         self.model = model
         self.vocab_size = vocab_size
+        self.block_size = block_size
+        """For the cached tokens of a server that does not report them."""
         self.random = random.Random(seed)
+        self._sessions = itertools.count()
 
     def prompt(self, tokens: int) -> list[int]:
         """Fresh random token ids (never a cached prefix). Ids below 3 are left out:
@@ -216,6 +233,14 @@ class Prober:
             for tokens, outputs in zip(plan.prompt_tokens, plan.max_tokens, strict=True)
         ]
         start = time.perf_counter()
+        if plan.kind == "resume":
+            first, second = streams
+            session = f"calibrate-{next(self._sessions)}"
+            first.session = second.session = session
+            second.prompt = first.prompt + second.prompt[len(first.prompt) :]
+            await self._send(client, first, start)
+            await self._send(client, second, start, cached_guess=self._cached(first))
+            return ProbeRecord(kind=plan.kind, streams=[s.record() for s in streams])
         if plan.kind == "mixed":
             *decoders, injected = streams
             ready = asyncio.Event()
@@ -237,12 +262,18 @@ class Prober:
         await ready.wait()
         await self._send(client, stream, start)
 
+    def _cached(self, earlier: _Stream) -> int:
+        """The earlier prompt's whole blocks: what a prefix cache holds of it."""
+        return len(earlier.prompt) // self.block_size * self.block_size
+
     async def _send(
         self,
         client: httpx.AsyncClient,
         stream: _Stream,
         start: float,
         after_chunk: Callable[[], None] | None = None,
+        *,
+        cached_guess: int = 0,
     ) -> None:
         body = {
             "model": self.model,
@@ -255,14 +286,20 @@ class Prober:
             # partial character) is counted too.
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
+        headers = {"X-Session-ID": stream.session} if stream.session else {}
         stream.sent_s = time.perf_counter() - start
         try:
-            async with client.stream("POST", "/v1/completions", json=body) as response:
+            async with client.stream(
+                "POST", "/v1/completions", json=body, headers=headers
+            ) as response:
                 await _check_stream_response(response)
                 usage = await _read_tokens(response, stream, start, after_chunk)
         except httpx.HTTPError as exc:
             raise CalibrationError(f"streaming from {self.url} failed: {exc!r}") from None
         _check_counts(stream, usage)
+        details = usage.get("prompt_tokens_details") or {}
+        reported = details.get("cached_tokens") if isinstance(details, dict) else None
+        stream.cached_tokens = reported if isinstance(reported, int) else cached_guess
 
 
 async def _read_tokens(
@@ -348,12 +385,39 @@ def record(
     on_probe: Callable[[ProbeRecord], None] | None = None,
 ) -> Recording:
     """Run ``plans`` against the server and return the recording."""
-    prober = Prober(url, model, vocab_size=vocab_size, seed=seed)
+    prober = Prober(url, model, vocab_size=vocab_size, seed=seed, block_size=engine.block_size)
     probes = asyncio.run(prober.run(plans, on_probe))
     return Recording(
         url=url,
         model=model,
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        host=host_cpu_description(),
         engine=engine,
         probes=probes,
     )
+
+
+#: The CPU features that change a CPU engine's speed most (vLLM's CPU backend uses
+#: AVX-512 / AMX kernels where present and falls back to oneDNN's AVX2 paths).
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def host_cpu_description(cpuinfo: str | None = None) -> str:
+    """This machine's CPU as a profile records it: model, logical CPUs and the SIMD
+    features that set a CPU engine's speed. NOTE: the server is measured over
+    loopback, so this is its machine too; a profile fitted here is this host's."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown CPU"
+    model = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+         if line.startswith("model name")),
+        "unknown CPU",
+    )  # fmt: skip
+    cpus = sum(1 for line in cpuinfo.splitlines() if line.startswith("processor"))
+    flags_line = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    flags = set(flags_line.split(":", 1)[-1].split())
+    features = [flag for flag in SPEED_FLAGS if flag in flags] or ["no AVX2"]
+    return f"{model}, {cpus} logical CPUs, {' '.join(features)}"

@@ -361,6 +361,14 @@ class SimEngine(KVEngineView, FollowsTools):
                 **self.stamp(),
             )
         )
+        overhead = self.profile.request_overhead_s
+        if overhead > 0:
+            self._push(self.now + overhead, _Rank.CALL_SUBMIT, self._enqueue, call)
+        else:
+            self._enqueue(call)
+
+    def _enqueue(self, call: Call) -> None:
+        """The call reaches the scheduler (after the profile's request overhead)."""
         self.scheduler.waiting.append(call)
         self._wake()
 

@@ -240,6 +240,34 @@ def test_the_openai_client_reads_the_streams_and_the_whole_answers(
     assert [m.id for m in models.data] == [MODEL]
 
 
+def test_token_ids_come_back_when_asked_and_extend_the_next_prompt(
+    tiny: tuple[httpx.Client, LiveEngine],
+) -> None:
+    # An agent replaying token ids (agentmars bench session-mix, fidelity) appends the
+    # answer's ids to its next prompt, as with vLLM's return_token_ids.
+    client, _ = tiny
+    prompt = list(range(3, 3 + 300))
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 5, "stream": True,
+            "return_token_ids": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    ids: list[int] = []
+    with client.stream("POST", "/v1/completions", json=body, headers={"X-Session-ID": "ids"}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    ids += choice["token_ids"]
+    assert ids == [0, 1, 2, 3, 4]  # each answer word's place in the vocabulary
+    whole = client.post(
+        "/v1/completions",
+        json={**body, "prompt": [*prompt, *ids, 7, 7], "stream": False},
+        headers={"X-Session-ID": "ids"},
+    ).json()
+    assert whole["choices"][0]["token_ids"] == [0, 1, 2, 3, 4]
+    # The second prompt extends the first: its computed blocks are a hit.
+    assert whole["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    plain = client.post("/v1/completions", json={"model": MODEL, "prompt": [5], "max_tokens": 1})
+    assert "token_ids" not in plain.json()["choices"][0]
+
+
 def test_a_client_leaving_mid_stream_aborts_the_call_and_frees_its_blocks() -> None:
     with _serve(_profile(), "continuum") as url, httpx.Client(base_url=url) as client:
         before = _metrics(client)

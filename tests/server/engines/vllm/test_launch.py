@@ -47,3 +47,13 @@ def test_cores_pin_the_whole_server_and_its_compute_threads() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="num_blocks must be positive"):
         VllmServerConfig(python=PYTHON, model=MODEL, num_blocks=0)
+
+
+def test_the_kv_must_hold_one_longest_context_beside_the_null_block() -> None:
+    # 4096 tokens are 32 blocks of 128, plus the block pool's null block.
+    with pytest.raises(ValueError, match="needs 33 blocks of 128 tokens"):
+        VllmServerConfig(python=PYTHON, model=MODEL, num_blocks=32, max_model_len=4096)
+    with pytest.raises(ValueError, match="needs 33 blocks"):
+        VllmServerConfig(python=PYTHON, model=MODEL, num_blocks=32, max_model_len=3969)
+    VllmServerConfig(python=PYTHON, model=MODEL, num_blocks=33, max_model_len=4096)
+    VllmServerConfig(python=PYTHON, model=MODEL, num_blocks=32, max_model_len=3968)

@@ -16,6 +16,7 @@ from agentmars.server.engines.vllm.tiny_model import (
     default_cache_root,
     ensure_tiny_model,
     installed_versions,
+    spec_argv,
     training_corpus,
     write_tiny_model,
 )
@@ -139,6 +140,34 @@ def test_cli_reports_an_existing_out_dir(
 ) -> None:
     assert tiny_model.main(["--out", str(tmp_path)]) == 1
     assert capsys.readouterr().err == f"error: {tmp_path} already exists; choose a new directory\n"
+
+
+def test_cli_builds_the_shape_it_is_given(
+    fake_builder: FakeBuilder, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shape = TinyModelSpec(num_layers=4, hidden_size=256, num_heads=8, num_kv_heads=2,
+                          intermediate_size=512, vocab_size=1024, dtype="float32")  # fmt: skip
+    # spec_argv is how tiny_model_made_by asks the vLLM env's python for a shape.
+    assert tiny_model.main([*spec_argv(shape), "--cache-dir", str(tmp_path)]) == 0
+    built = Path(capsys.readouterr().out.strip())
+    assert built == tmp_path / "models" / f"tiny-llama-{cache_key(shape, VERSIONS)}"
+    assert tiny_model.main(["--cache-dir", str(tmp_path)]) == 0  # the default: another entry
+    assert fake_builder.calls == 2
+
+
+def test_cli_refuses_a_bad_shape_with_its_reason(
+    fake_builder: FakeBuilder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, message in [
+        (["--hidden", "130"], "hidden_size (130) must be a multiple of num_heads (4)"),
+        (["--layers", "x"], "--layers: invalid int value: 'x'"),
+        (["--dtype", "int8"], "--dtype: invalid choice: 'int8'"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            tiny_model.main(argv)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    assert fake_builder.calls == 0
 
 
 @pytest.mark.slow

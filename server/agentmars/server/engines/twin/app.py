@@ -15,7 +15,9 @@ Tokens are synthetic. NOTE: ours — a text prompt counts one token per
 ``CHARS_PER_TOKEN`` characters (rounded up; the SDK's projection uses the same ratio),
 a chat prompt is its messages rendered as ``<|role|>content`` lines and counted the
 same way, and a token-id prompt counts its ids. The answer is ``max_tokens`` words of a
-fixed vocabulary (no end-of-sequence: ``finish_reason`` is always ``length``); without
+fixed vocabulary (no end-of-sequence: ``finish_reason`` is always ``length``), and with
+``return_token_ids`` each chunk carries its token's id (``token_id``), as vLLM's do, so
+a client can append the answer to its next token-id prompt; without
 ``max_tokens`` a call generates ``DEFAULT_MAX_TOKENS`` (vLLM would go on to the end of
 the context, which a model without an end token would really do).
 
@@ -317,6 +319,11 @@ def token_text(index: int) -> str:
     return WORDS[index % len(WORDS)] + " "
 
 
+def token_id(index: int) -> int:
+    """The synthetic id of answer token ``index`` (its word's place in ``WORDS``)."""
+    return index % len(WORDS)
+
+
 def _usage(stream: CallStream, completion: int | None = None) -> dict[str, Any]:
     """The call's usage; ``completion``: the tokens sent so far (a stream's reader may
     lag behind the engine), else all it generated."""
@@ -333,9 +340,11 @@ def _usage(stream: CallStream, completion: int | None = None) -> dict[str, Any]:
 class Answer:
     """One request's answer in the chat or the completions format."""
 
-    def __init__(self, model: str, *, chat: bool) -> None:
+    def __init__(self, model: str, *, chat: bool, token_ids: bool = False) -> None:
         self.model = model
         self.chat = chat
+        self.token_ids = token_ids
+        """Each choice carries its tokens' ids (vLLM's ``return_token_ids``)."""
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -351,14 +360,17 @@ class Answer:
             "choices": choices,
         }
 
-    def chunk(self, text: str, finish: str | None, *, role: bool = False) -> dict[str, Any]:
+    def chunk(self, index: int | None, finish: str | None) -> dict[str, Any]:
+        """Answer token ``index``'s chunk (None: the chat stream's opening role chunk)."""
+        text = "" if index is None else token_text(index)
         if not self.chat:
-            choice = {"index": 0, "text": text, "logprobs": None}
-            return self._envelope(
-                [{**choice, "finish_reason": finish, "stop_reason": None}], chunk=True
-            )
-        delta = {"role": "assistant", "content": text} if role else {"content": text}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None}
+            choice |= {"finish_reason": finish, "stop_reason": None}
+        else:
+            delta = {"content": text} if index is not None else {"role": "assistant", "content": ""}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if self.token_ids:
+            choice["token_ids"] = [] if index is None else [token_id(index)]
         return self._envelope([choice], chunk=True)
 
     def usage_chunk(self, stream: CallStream) -> dict[str, Any]:
@@ -372,6 +384,8 @@ class Answer:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "stop_reason": None}
         choice["finish_reason"] = "length"
+        if self.token_ids:
+            choice["token_ids"] = [token_id(i) for i in range(stream.call.output_tokens)]
         return {**self._envelope([choice], chunk=False), "usage": _usage(stream)}
 
 
@@ -386,10 +400,10 @@ async def _stream_events(
     final_usage, continuous = usage
     try:
         if answer.chat:
-            yield _sse(answer.chunk("", None, role=True))
+            yield _sse(answer.chunk(None, None))
         async for index in stream.tokens():
             last = index + 1 == stream.call.max_tokens
-            chunk = answer.chunk(token_text(index), "length" if last else None)
+            chunk = answer.chunk(index, "length" if last else None)
             yield _sse({**chunk, "usage": _usage(stream, index + 1)} if continuous else chunk)
         if final_usage:
             yield _sse(answer.usage_chunk(stream))
@@ -490,7 +504,7 @@ def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
             )
         except LiveError as exc:
             raise ApiError(400, str(exc), exc.param) from None
-        answer = Answer(served, chat=chat)
+        answer = Answer(served, chat=chat, token_ids=body.get("return_token_ids") is True)
         if body.get("stream"):
             events = _stream_events(engine, stream, answer, _stream_usage(body))
             return ClosingStreamingResponse(events, media_type="text/event-stream")

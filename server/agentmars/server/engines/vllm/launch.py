@@ -57,6 +57,25 @@ class VllmServerConfig:
         for name in ("max_model_len", "num_blocks", "kv_cache_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"VllmServerConfig.{name} must be positive")
+        check_kv_holds_context(self.num_blocks, self.max_model_len)
+
+
+def blocks_for_context(max_model_len: int) -> int:
+    """The KV blocks vLLM needs to serve one context of ``max_model_len`` tokens: its
+    blocks plus the block pool's null block, which is never handed out."""
+    return -(-max_model_len // CPU_BLOCK_SIZE) + 1
+
+
+def check_kv_holds_context(num_blocks: int, max_model_len: int) -> None:
+    """Refuse a KV cache that cannot hold one longest context (vLLM would hold such a
+    call waiting forever, or refuse to start after a minute)."""
+    needed = blocks_for_context(max_model_len)
+    if num_blocks < needed:
+        raise ValueError(
+            f"{num_blocks} KV blocks cannot hold a context of {max_model_len} tokens: it "
+            f"needs {needed} blocks of {CPU_BLOCK_SIZE} tokens (one is vLLM's null block); "
+            "give more blocks or a shorter context"
+        )
 
 
 def server_argv(config: VllmServerConfig) -> list[str]:

@@ -11,6 +11,12 @@ inside the functions that build the model::
 
     python -m agentmars.server.engines.vllm.tiny_model            # cached; prints its path
     python -m agentmars.server.engines.vllm.tiny_model --out DIR  # a fresh copy in DIR
+    python -m agentmars.server.engines.vllm.tiny_model --layers 4 --hidden 256  # another shape
+
+The default shape is sized by measurement for the real-stack operating point
+(docs/benchmarks.md, "Real-stack operating point"): on one core of an AVX2 host a
+4K-token prefill takes about 0.8 s and an 8K one about 2.1 s, so a session's engine
+time is of the order of its tools' time; wider or deeper shapes were slower still.
 
 The cache is ``$AGENTMARS_CACHE`` (default ``~/.cache/agentmars``)
 ``/models/tiny-llama-<key>``, the key hashing this file's source, the spec and the
@@ -247,13 +253,37 @@ def _require(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-def tiny_model_made_by(python: Path) -> Path:
-    """The cached tiny model's directory, made by ``python`` (the vLLM environment's,
-    which has the libraries that build it) on first use."""
+#: The command-line options of the spec's shape fields (``--layers 4``), in one place
+#: for ``main`` and ``tiny_model_made_by``.
+SHAPE_OPTIONS = {
+    "layers": "num_layers",
+    "hidden": "hidden_size",
+    "heads": "num_heads",
+    "kv-heads": "num_kv_heads",
+    "mlp": "intermediate_size",
+    "vocab": "vocab_size",
+    "dtype": "dtype",
+}
+
+
+def spec_argv(spec: TinyModelSpec) -> list[str]:
+    """``main``'s options that make ``spec`` (its shape; the generator's inputs stay)."""
+    return [
+        item
+        for option, field in SHAPE_OPTIONS.items()
+        for item in (f"--{option}", str(getattr(spec, field)))
+    ]
+
+
+def tiny_model_made_by(python: Path, spec: TinyModelSpec | None = None) -> Path:
+    """The cached tiny model's directory for ``spec`` (default: the default model),
+    made by ``python`` (the vLLM environment's, which has the libraries that build
+    it) on first use."""
     import subprocess
 
     done = subprocess.run(
-        [str(python), "-m", "agentmars.server.engines.vllm.tiny_model"],
+        [str(python), "-m", "agentmars.server.engines.vllm.tiny_model",
+         *spec_argv(spec or TinyModelSpec())],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     if done.returncode != 0:
@@ -271,8 +301,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cache-dir", type=Path, help="cache root (default $AGENTMARS_CACHE or ~/.cache/agentmars)"
     )
+    default = TinyModelSpec()
+    for option, field in SHAPE_OPTIONS.items():
+        value = getattr(default, field)
+        parser.add_argument(
+            f"--{option}",
+            dest=field,
+            type=type(value),
+            default=value,
+            choices=_DTYPES if field == "dtype" else None,
+            help=f"the model's {field.replace('_', ' ')} (default {value})",
+        )
     args = parser.parse_args(argv)
-    spec = TinyModelSpec()
+    try:
+        spec = TinyModelSpec(**{field: getattr(args, field) for field in SHAPE_OPTIONS.values()})
+    except ValueError as error:
+        parser.error(str(error))
     try:
         if args.out is not None:
             write_tiny_model(args.out, spec)
