@@ -228,6 +228,24 @@ def test_the_vllm_cpu_recording_fits_and_is_the_shipped_cpu_tiny() -> None:
     )
 
 
+def test_the_operating_point_recording_fits_and_is_the_shipped_cpu_tiny_avx2() -> None:
+    """tests/server/profiles/data/cpu-tiny-avx2-recording.json: the calibration that
+    ``agentmars bench fidelity`` made on this project's current machine (docs/benchmarks.md,
+    "Simulator fidelity and the real-stack operating point"), resume probes included."""
+    recording = Recording.model_validate_json((DATA / "cpu-tiny-avx2-recording.json").read_text())
+    assert recording.host is not None and "avx2" in recording.host
+    fit = fit_recording(recording)
+    assert fit.r_squared > 0.99
+    assert set(fit.errors) == {"prefill", "decode", "batch", "mixed", "resume"}
+    assert fit.errors["resume"].mean_abs < 0.05
+    shipped = load_profile("cpu-tiny-avx2")
+    assert shipped.cost == fit.cost
+    assert shipped.request_overhead_s == fit.request_overhead_s > 0
+    assert recording.host in shipped.description
+    # The operating point's engine: 64 blocks, contexts up to 4,096 tokens.
+    assert (shipped.num_gpu_blocks, shipped.max_model_len) == (64, 4096)
+
+
 def test_every_probe_of_the_recording_gives_equations() -> None:
     recording = Recording.model_validate_json((DATA / "paced-engine-recording.json").read_text())
     kinds = {row.kind for row in recording_rows(recording)}
