@@ -42,6 +42,7 @@ import httpx
 from rich.table import Table
 
 from agentmars.bench.report import progress_bars, publish
+from agentmars.cli.sandbox import parse_cores
 from agentmars.sdk.events import SessionEnd, ToolEnd, ToolStart, encode_jsonl
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME, check_kv_holds_context
 from agentmars.server.engines.vllm.smoke import metric_total
@@ -331,24 +332,13 @@ def pinned(cores: str | None) -> Iterator[None]:
         return
     before = os.sched_getaffinity(0)
     try:
-        os.sched_setaffinity(0, parse_cpu_list(cores))
+        os.sched_setaffinity(0, parse_cores(cores, "--agent-cores") or [])
     except (ValueError, OSError) as error:
         raise SessionMixError(f"cannot run the agents on CPUs {cores!r}: {error}") from None
     try:
         yield
     finally:
         os.sched_setaffinity(0, before)
-
-
-def parse_cpu_list(cores: str) -> set[int]:
-    """The CPUs of a list such as ``1``, ``1-3`` or ``0,2-3``."""
-    chosen: set[int] = set()
-    for part in cores.split(","):
-        low, dash, high = part.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise ValueError(f"{cores!r} is not a CPU list such as 1, 1-3 or 0,2-3")
-        chosen.update(range(int(low), int(high or low) + 1))
-    return chosen
 
 
 def _engine_url(serve_log: Path) -> str:

@@ -27,7 +27,9 @@ def parse_cores(text: str | None, option: str) -> list[int] | None:
     cores: set[int] = set()
     try:
         for part in filter(None, (p.strip() for p in text.split(","))):
-            low, _, high = part.partition("-")
+            low, dash, high = part.partition("-")
+            if dash and not high:  # "1-": a range with no end
+                raise ValueError(part)
             cores.update(range(int(low), int(high or low) + 1))
     except ValueError:
         raise BadOption(f"{option} {text!r}: use core numbers and ranges, e.g. 0,2-3") from None

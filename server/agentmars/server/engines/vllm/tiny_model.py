@@ -16,7 +16,7 @@ inside the functions that build the model::
 The default shape is sized by measurement for the real-stack operating point
 (docs/benchmarks.md, "Real-stack operating point"): on one core of an AVX2 host a
 4K-token prefill takes about 0.8 s and an 8K one about 2.4 s, so a session's engine
-time is of the order of its tools' time; wider or deeper shapes were slower still.
+time is of the order of its tools' time.
 
 The cache is ``$AGENTMARS_CACHE`` (default ``~/.cache/agentmars``)
 ``/models/tiny-llama-<key>``, the key hashing this file's source, the spec and the
