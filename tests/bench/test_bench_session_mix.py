@@ -1,27 +1,56 @@
-"""The session-mix benchmark's pure parts: the mix it replays, reading a completion
-stream, and the figures (the replay itself needs vLLM and minutes: not a test)."""
+"""The session-mix benchmark's parts that need no vLLM: the mix it replays, reading a
+completion stream, the figures, the runs (their order, their means, the ratios), and
+the replay with its tools in the sandbox pool, against the gateway in front of the
+twin (the replay on vLLM needs minutes: tests/cli/test_bench_vllm.py, slow)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
+import psutil
 import pytest
+from fastapi import FastAPI
 
+from agentmars.bench import session_mix
 from agentmars.bench.session_mix import (
     FIRST_PLAIN_TOKEN,
     TINY_VOCAB,
+    TOKEN,
+    EngineShape,
     MixShape,
+    ReplaySession,
+    ReplayTurn,
+    SandboxShape,
     SessionMixError,
     SessionResult,
+    aggregate,
     build_mix,
     ratios,
+    replay,
+    run_order,
+    sandbox_tools,
     sse_lines,
     stream_token_ids,
     summarize,
+    throughput,
 )
+from agentmars.cli.serve_sim import SimServeOptions, live_engine
+from agentmars.sandbox.config import allowed_cores
+from agentmars.sdk.events import SessionEnd, ToolEnd, ToolEnqueue, ToolStats
+from agentmars.server.engines.twin.app import create_live_app
+from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
+from agentmars.server.web.ingest import EventHub
+from agentmars.server.web.serving import serve_in_thread
 
 
 def test_the_mix_fits_the_tiny_model_and_ends_sessions_without_a_tool() -> None:
@@ -122,3 +151,299 @@ def test_sse_lines_split_at_newlines_only() -> None:
         return [t async for line in sse_lines(response) for t in stream_token_ids(line)]
 
     assert asyncio.run(read()) == [1, 2, 3, 4]
+
+
+# --- runs, their order and their aggregation ---------------------------------------------
+
+
+def test_the_policies_are_interleaved_run_by_run() -> None:
+    assert run_order(["fcfs", "continuum", "mars"], 2) == [
+        (1, "fcfs"), (1, "continuum"), (1, "mars"), (2, "fcfs"), (2, "continuum"), (2, "mars"),
+    ]  # fmt: skip
+    assert run_order(["fcfs"], 1) == [(1, "fcfs")]
+    with pytest.raises(SessionMixError, match="--runs"):
+        run_order(["fcfs"], 0)
+
+
+def _timed(
+    name: str, started: float, latency: float, tokens: int, error: str | None = None
+) -> SessionResult:
+    return SessionResult(
+        name, latency_s=latency, ttft_after_tool_s=[latency / 10], error=error,
+        started_s=started, ended_s=started + latency, output_tokens=tokens,
+    )  # fmt: skip
+
+
+def test_throughput_is_over_the_first_start_to_the_last_end() -> None:
+    results = [
+        _timed("a", 10.0, 30.0, 100),  # 10 -> 40
+        _timed("b", 12.0, 13.0, 50),  # 12 -> 25
+        _timed("c", 15.0, 55.0, 30, error="ValueError: boom"),  # 15 -> 70: the last end
+    ]
+    counters = {"prefix_cache_queries": 10.0, "prefix_cache_hits": 5.0, "num_preemptions": 0.0}
+    figures = summarize("fcfs", results, counters, startup_s=0, replay_s=61)
+    # 2 sessions completed in 60 s; every call's tokens, the failed session's included.
+    assert figures["throughput"] == {
+        "sessions_per_min": pytest.approx(2.0),
+        "output_tokens_per_s": pytest.approx(180 / 60),
+        "span_s": pytest.approx(60.0),
+    }
+    assert throughput([_result("a", 1.0, [])]) == {
+        "sessions_per_min": pytest.approx(math.nan, nan_ok=True),
+        "output_tokens_per_s": pytest.approx(math.nan, nan_ok=True),
+        "span_s": pytest.approx(math.nan, nan_ok=True),
+    }  # no replayed times (a simulated run): no throughput
+
+
+def _run_figures(policy: str, run: int, latency: float, hits: float) -> dict[str, Any]:
+    results = [_timed("a", 0.0, latency, 40), _timed("b", 1.0, latency + 2, 20)]
+    counters = {"prefix_cache_queries": 100.0, "prefix_cache_hits": hits, "num_preemptions": 1.0}
+    figures = summarize(policy, results, counters, startup_s=30.0, replay_s=latency + 3)
+    load = {"samples": 4, "busy_fraction": 0.5, "running_mean": 1.0, "waiting_mean": run,
+            "waiting_max": 2 * run, "kv_usage_mean": 0.5, "kv_usage_max": 0.9}  # fmt: skip
+    return {"run": run, **figures, "engine_load": load}
+
+
+def test_runs_are_summed_up_by_their_means_and_the_spread_of_the_mean_latency() -> None:
+    runs = [_run_figures("fcfs", 1, 4.0, 20.0), _run_figures("fcfs", 2, 6.0, 40.0)]
+    runs[1]["failed"] = ["b: ValueError: boom"]
+    figures = aggregate(runs)
+    assert figures["policy"] == "fcfs" and figures["sessions"] == 2
+    # Run 1: latencies 4, 6 (mean 5); run 2: 6, 8 (mean 7).
+    assert figures["session_latency_s"] == {"mean": 6.0, "p50": 5.0, "p95": 7.0}
+    assert figures["session_latency_mean_spread_s"] == {"min": 5.0, "max": 7.0}
+    assert figures["ttft_after_tool_s"]["mean"] == pytest.approx(0.6)
+    assert figures["ttft_after_tool_s"]["calls"] == 4
+    assert figures["prefix_cache_hit_rate"] == pytest.approx(0.3)
+    # Throughput: 2 sessions in 7 s, then in 9 s; 60 tokens in each.
+    assert figures["throughput"]["sessions_per_min"] == pytest.approx((120 / 7 + 120 / 9) / 2)
+    assert figures["throughput"]["output_tokens_per_s"] == pytest.approx((60 / 7 + 60 / 9) / 2)
+    assert figures["failed"] == ["run 2: b: ValueError: boom"]
+    assert (figures["engine_load"]["waiting_mean"], figures["engine_load"]["waiting_max"]) == (
+        1.5, 4,
+    )  # fmt: skip
+    assert figures["runs"] == runs
+    # One run reads as that run's figures did.
+    (single,) = [aggregate([runs[0]])]
+    for name in ("session_latency_s", "prefix_cache_hit_rate", "throughput", "failed"):
+        assert single[name] == runs[0][name], name
+
+
+def test_the_ratios_are_of_the_means_over_the_runs() -> None:
+    fcfs = aggregate([_run_figures("fcfs", 1, 4.0, 20.0), _run_figures("fcfs", 2, 6.0, 40.0)])
+    other = aggregate([_run_figures("mars", 1, 2.0, 30.0), _run_figures("mars", 2, 4.0, 60.0)])
+    figures = ratios([fcfs, other])["mars"]
+    assert figures["session latency mean s"] == pytest.approx(4.0 / 6.0)
+    assert figures["prefix-cache hit rate"] == pytest.approx(0.45 / 0.3)
+    assert figures["sessions per minute"] == pytest.approx(
+        other["throughput"]["sessions_per_min"] / fcfs["throughput"]["sessions_per_min"]
+    )
+    assert figures["output tokens per s"] > 1  # shorter sessions, the same tokens
+
+
+def test_run_serves_the_policies_interleaved_and_reports_each_run_and_the_means(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    served: list[tuple[int | None, str]] = []
+
+    def serve(
+        engine: EngineShape,
+        policy: str,
+        mix: list[ReplaySession],
+        *,
+        sandbox: SandboxShape | None = None,
+        run_index: int | None = None,
+    ) -> dict[str, Any]:
+        assert sandbox == SandboxShape(tool_slots=2)
+        served.append((run_index, policy))
+        assert run_index is not None
+        latency = {"fcfs": 4.0, "continuum": 3.0}[policy] + run_index
+        return _run_figures(policy, run_index, latency, 30.0)
+
+    monkeypatch.setattr(session_mix, "run_policy", serve)
+    engine = EngineShape(
+        vllm_python=Path(os.devnull), model=Path(os.devnull), cores=None, agent_cores=None,
+        log_dir=tmp_path,
+    )  # fmt: skip
+    out = tmp_path / "mix.json"
+    figures = session_mix.run(
+        engine, MixShape(sessions=2, max_turns=2), ["fcfs", "continuum"], out, runs=3,
+        sandbox=SandboxShape(tool_slots=2),
+    )  # fmt: skip
+    assert served == [(r, p) for r in (1, 2, 3) for p in ("fcfs", "continuum")]
+    assert json.loads(out.read_text()) == figures
+    assert figures["runs"] == 3
+    assert figures["order"][:3] == [
+        {"run": 1, "policy": "fcfs"}, {"run": 1, "policy": "continuum"},
+        {"run": 2, "policy": "fcfs"},
+    ]  # fmt: skip
+    assert figures["sandbox"] == {"tool_slots": 2, "tool_cores": None}
+    fcfs, continuum = figures["policies"]
+    assert [r["run"] for r in fcfs["runs"]] == [1, 2, 3]
+    # fcfs: run means 6, 7, 8 (latencies L and L + 2 for L = 5, 6, 7); continuum: 5, 6, 7.
+    assert fcfs["session_latency_s"]["mean"] == pytest.approx(7.0)
+    assert continuum["session_latency_s"]["mean"] == pytest.approx(6.0)
+    assert fcfs["session_latency_mean_spread_s"] == {"min": 6.0, "max": 8.0}
+    ratio = figures["ratio_to_first"]["continuum"]
+    assert ratio["session latency mean s"] == pytest.approx(6.0 / 7.0)
+    printed = capsys.readouterr().out
+    assert "each run" in printed and "means over 3 runs" in printed and "min-max" in printed
+
+
+# --- the tools in the sandbox pool -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "cores", "message"),
+    [
+        (SandboxShape(tool_slots=0), None, "--tool-slots must be at least 1"),
+        (SandboxShape(), "x", "--agent-cores 'x'"),
+        (SandboxShape(), "4096", "not cores this process may use"),
+    ],
+)
+def test_a_sandbox_that_cannot_start_is_refused(
+    shape: SandboxShape, cores: str | None, message: str
+) -> None:
+    with pytest.raises(SessionMixError, match=message):
+        shape.check(cores)
+
+
+def test_the_pool_gets_the_agent_cores_and_the_slots_asked_for(tmp_path: Path) -> None:
+    core = allowed_cores()[-1]
+    config = SandboxShape().config(str(core), tmp_path)
+    assert (config.resolved_tool_cores(), config.resolved_slots()) == ([core], 1)
+    assert SandboxShape(tool_slots=3).config(str(core), tmp_path).resolved_slots() == 3
+
+
+def _turn(first: int, tool: str | None, tool_s: float) -> ReplayTurn:
+    return ReplayTurn(tuple(range(first, first + 48)), 3, tool, tool_s)
+
+
+TOOL_S = 0.3
+MIX = [
+    ReplaySession(
+        f"s-{i}", 0.02 * i, (_turn(3 + 100 * i, f"tool{i}", TOOL_S), _turn(60 + 100 * i, None, 0))
+    )
+    for i in range(3)
+]
+PRIORITIES = {"s-0": 5, "s-1": -2, "s-2": 0}
+"""What the gateway answers each session's calls with (the policy's word, patched in)."""
+
+
+@pytest.fixture
+def twin_gateway() -> Iterator[tuple[str, FastAPI]]:
+    """The twin (cpu-tiny) and the gateway in front of it, as ``serve --engine sim``
+    makes them, in threads of this process (the gateway's events in reach)."""
+    hub = EventHub()
+    options = SimServeOptions("cpu-tiny", "fcfs", "127.0.0.1", 0, TOKEN, num_blocks=64)
+    engine = live_engine(options, hub)
+    with serve_in_thread(create_live_app(engine)) as engine_url:
+        config = GatewayConfig(
+            upstream_url=engine_url, token=TOKEN, block_size=engine.profile.block_size,
+            kv_source=engine,
+        )  # fmt: skip
+        app = create_gateway_app(config, hub=hub)
+        hub.subscribe(engine.observe_threadsafe)
+        with serve_in_thread(app) as url:
+            yield url, app
+
+
+def _sandboxed_processes() -> list[str]:
+    """What this process has started that runs a sandbox or a tool."""
+    names = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            names.append(child.name())
+    return [name for name in names if name in ("bwrap", "sleep")]
+
+
+def test_the_tools_run_in_the_sandbox_pool_at_the_gateways_priority(
+    twin_gateway: tuple[str, FastAPI],
+) -> None:
+    url, app = twin_gateway
+    gateway = app.state.gateway
+    gateway.admission.half.tool_priority = lambda session_id: PRIORITIES.get(session_id, 0)
+    core = allowed_cores()[-1]
+
+    async def replay_in_the_sandbox() -> tuple[list[SessionResult], dict[str, Any]]:
+        async with sandbox_tools(url, MIX, SandboxShape(tool_slots=1), str(core)) as tools:
+            results = await replay(url, MIX, "cpu-tiny", tools)
+        return results, tools.figures()
+
+    results, figures = asyncio.run(replay_in_the_sandbox())
+    assert [r.error for r in results] == [None] * len(MIX)
+    assert {r.session_id: r.tool_priorities for r in results} == {
+        sid: [p] for sid, p in PRIORITIES.items()
+    }
+    assert all(r.output_tokens == 6 for r in results)
+    assert figures["slots"] == [[core]] and figures["tools"] == len(MIX)
+    assert figures["events_dropped"] == 0 and figures["events_sent"] > 0
+    # Every tool event the gateway got is the pool's; none is the replayer's own.
+    events = gateway.hub.events()
+    tool_events = [e for e in events if e.kind.startswith("tool_")]
+    assert {e.source for e in tool_events} == {"sandbox"}
+    enqueued = {e.session_id: e.priority for e in tool_events if isinstance(e, ToolEnqueue)}
+    assert enqueued == PRIORITIES
+    ended = [e for e in tool_events if isinstance(e, ToolEnd)]
+    assert sorted(e.session_id for e in ended) == sorted(PRIORITIES)
+    for end in ended:
+        assert (end.status, end.exit_status) == ("ok", 0)
+        assert end.duration_s >= TOOL_S  # the sleep really ran
+        assert end.tool == f"tool{end.session_id[-1]}" and end.turn == 0
+    assert any(isinstance(e, ToolStats) for e in tool_events)
+    assert [e.session_id for e in events if isinstance(e, SessionEnd)] != []
+    # The pool is shut down: nothing it started is left.
+    assert _sandboxed_processes() == []
+
+
+def test_without_the_sandbox_the_replayer_reports_its_own_tools(
+    twin_gateway: tuple[str, FastAPI],
+) -> None:
+    url, app = twin_gateway
+    gateway = app.state.gateway
+    gateway.admission.half.tool_priority = lambda session_id: PRIORITIES.get(session_id, 0)
+    results = asyncio.run(replay(url, MIX[:2], "cpu-tiny"))
+    assert [r.error for r in results] == [None, None]
+    # The header is read all the same (the sleeps have no queue to put it in).
+    assert [r.tool_priorities for r in results] == [[5], [-2]]
+    tool_events = [e for e in gateway.hub.events() if e.kind.startswith("tool_")]
+    assert sorted(e.kind for e in tool_events) == ["tool_end"] * 2 + ["tool_start"] * 2
+    assert {e.source for e in tool_events} == {"sdk"}
+
+
+def test_a_run_on_the_served_twin_runs_its_tools_in_the_sandbox(tmp_path: Path) -> None:
+    # The whole run of one policy as the bench makes it: ``agentmars serve --engine sim``
+    # started, a warm-up, the replay with a pool for it, everything stopped after.
+    engine = EngineShape(
+        vllm_python=Path(os.devnull), model=Path(os.devnull), cores=None, agent_cores=None,
+        log_dir=tmp_path, twin=True, max_model_len=1024,
+    )  # fmt: skip
+    figures = session_mix.run_policy(engine, "fcfs", MIX, sandbox=SandboxShape(), run_index=2)
+    assert figures["failed"] == []
+    assert figures["sandbox"]["tools"] == len(MIX) and figures["sandbox"]["events_dropped"] == 0
+    # Each tool's enqueue, start and end, each followed by the pool's stats gauge.
+    assert figures["sandbox"]["events_sent"] == 6 * len(MIX)
+    assert figures["throughput"]["sessions_per_min"] > 0
+    assert (tmp_path / "serve-twin-fcfs-run2.log").exists()
+    assert _sandboxed_processes() == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tool-slots", "2"], "--tool-slots needs --sandbox"),
+        (["--sandbox", "--agent-cores", "4096"], "not cores this process may use"),
+        (["--runs", "0"], "Invalid value for '--runs'"),
+    ],
+)
+def test_the_command_refuses_runs_and_a_sandbox_it_cannot_use(
+    args: list[str], message: str
+) -> None:
+    # Any existing file passes the vLLM python check; nothing is started.
+    done = subprocess.run(
+        [sys.executable, "-m", "agentmars.cli.main", "bench", "session-mix",
+         "--vllm-python", sys.executable, *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert message in done.stderr

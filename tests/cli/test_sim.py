@@ -117,6 +117,9 @@ def test_listings_name_every_registered_policy_and_workload() -> None:
         (("--workload", "react", "--rate", "1", "--concurrency", "2"), "not both"),
         (("--workload", "react", "--rate", "1", "--profile", "h900"), "h900"),
         (("--workload", "missing.jsonl", "--rate", "1"), "missing.jsonl"),
+        (("--workload", "react", "--rate", "1", "--policies", "mars:nope=1"), "no setting nope"),
+        (("--workload", "react", "--rate", "1", "--policies", "mars:aimd_beta"), "NAME=VALUE"),
+        (("--workload", "react", "--rate", "1", "--policies", "mars:aimd_beta=2"), "at most 1"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(
@@ -140,3 +143,17 @@ def test_results_record_the_policies_settings(tmp_path: Path) -> None:
         "vtc": {"w_prompt": 1.0, "w_output": 2.0},
     }
     assert config["profile"] == "h100-qwen3-coder-30b"
+
+
+def test_a_policy_with_settings_runs_apart_from_its_defaults(tmp_path: Path) -> None:
+    done = _sim(
+        "run", "--workload", "react", "--rate", "1", "--sessions", "2", "--no-report",
+        "--policies", "mars,mars:aimd_beta=0.7:levels=8", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = SweepResult.read(tmp_path / "results.json")
+    assert [run.policy for run in result.runs] == ["mars", "mars:aimd_beta=0.7:levels=8"]
+    settings = result.config["policy_settings"]
+    assert settings["mars"]["aimd_beta"] == 0.5
+    assert settings["mars:aimd_beta=0.7:levels=8"]["aimd_beta"] == 0.7
+    assert settings["mars:aimd_beta=0.7:levels=8"]["levels"] == 8

@@ -666,6 +666,22 @@ def test_queued_tool_records_its_queue_wait(memory_sink: MemorySink, emitter: Em
     assert end.cpu_time_s == 0.25
 
 
+def test_a_tool_call_without_priority_takes_the_sessions_newest(
+    memory_sink: MemorySink, emitter: Emitter
+) -> None:
+    with session(emitter=emitter) as s:
+        before = tool("terminal").enqueue()
+        s.tool_priority = 4
+        decorated = tool("terminal")(lambda: None)
+        decorated()
+        s.tool_priority = 9
+        taken = tool("terminal").enqueue()
+        given = tool("terminal", priority=-1).enqueue()
+    assert (before.priority, taken.priority, given.priority) == (None, 9, -1)
+    enqueued = [e.priority for e in of_kind(memory_sink.events, "tool_enqueue")]
+    assert enqueued == [None, 4, 9, -1]
+
+
 TOOL_CALL = {
     "id": "call_0",
     "type": "function",

@@ -43,6 +43,9 @@ of the cost at the fewest."""
 AMPLE_KV = KVStats(total_blocks=1 << 30, free_blocks=1 << 30, used_blocks=0)
 """KV figures for halves that fit prompts into free KV: room for everything, so that
 no measured session waits on anything but admission's own work."""
+AMPLE_TOOL_CORES = 1 << 30
+"""Tool cores, for halves that hold sessions while tools crowd the host (MARS): half
+the idle sessions have a tool call that never ends, which must not close a window."""
 
 
 def _meta(session_id: str) -> CallMeta:
@@ -55,7 +58,10 @@ def _meta(session_id: str) -> CallMeta:
 def _admission(policy: str) -> Admission:
     ended: list[AnyEvent] = []
     view = StreamAdmissionView(
-        clock=time.monotonic, block_size=16, tool_cores=2, kv_source=lambda: AMPLE_KV
+        clock=time.monotonic,
+        block_size=16,
+        tool_cores=AMPLE_TOOL_CORES,
+        kv_source=lambda: AMPLE_KV,
     )
     return Admission(
         make_policy(policy).admission(), view, policy_name=policy, publish=ended.extend

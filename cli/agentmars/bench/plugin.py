@@ -81,7 +81,7 @@ def table(figures: dict[str, Any]) -> Table:
         f"({queue['sessions']} sessions x {queue['turns']} turns), {figures['reps']} runs "
         f"each, alternating; target x mean <= {TARGET_RATIO:.2f}"
     )
-    caption = "fcfs, continuum: the plugin with that policy. "
+    caption = "fcfs, continuum, mars: the plugin with that policy. "
     if figures["same_tokens"]:
         caption += "Every call generated the same tokens under each scheduler."
     else:

@@ -14,10 +14,21 @@ session metadata and tool markers an agent sends in ``vllm_xargs``; between call
 sleeps for the tool's duration (scaled by ``tool_scale``) and reports the tool to the
 gateway's event endpoint, as the SDK and the sandbox do.
 
+With ``sandbox`` (``--sandbox``) the tools run for real instead: each is ``sleep
+<tool_s>`` in the project's sandbox pool (``agentmars.sandbox``, the bubblewrap backend),
+its slots pinned to the agent cores, at the tool priority the gateway answered the call
+before it with (``X-Agentmars-Tool-Priority``); the pool's own tool events reach the
+gateway's event endpoint through an ``HttpSink`` in place of the replayer's.
+
 Per policy: session latency (first call's submit to the last call's end), time to first
-token of the calls that follow a tool, and vLLM's prefix-cache hit rate over the replay
+token of the calls that follow a tool, vLLM's prefix-cache hit rate over the replay
 (``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries`` from the engine's
-``/metrics``); then each policy's figures over the first policy's.
+``/metrics``) and the throughput (sessions completed per minute and output tokens per
+second of the replay); then each policy's figures over the first policy's. With ``runs``
+(``--runs``) each policy is served and replayed that many times, the policies
+interleaved run by run (so slow drift of the machine hits all alike): the figures of
+each run, their means over the runs, the spread of the mean latency, and the ratios of
+the means.
 """
 
 from __future__ import annotations
@@ -31,19 +42,28 @@ import random
 import re
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
+from pydantic import ValidationError
+from rich.console import Console
 from rich.table import Table
 
 from agentmars.bench.report import progress_bars, publish
-from agentmars.cli.sandbox import parse_cores
+from agentmars.cli.sandbox import BadOption, parse_cores
+from agentmars.sandbox.config import SandboxConfig
+from agentmars.sandbox.pool import SandboxPool
+from agentmars.sandbox.spec import ExecSpec, SandboxError
+from agentmars.sdk.emitter import Emitter
 from agentmars.sdk.events import SessionEnd, ToolEnd, ToolStart, encode_jsonl
+from agentmars.sdk.integrations.request import tool_priority_of
+from agentmars.sdk.sinks.http import HttpSink, HttpSinkStats
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME, check_kv_holds_context
 from agentmars.server.engines.vllm.smoke import metric_total
 from agentmars.server.web.serving import serve_in_subprocess
@@ -60,6 +80,13 @@ ENGINE_LINE = re.compile(r"engine\b[^\n]*?(http://\S+)")
 twin's after its profile and policy)."""
 SAMPLE_INTERVAL_S = 0.5
 """How often the engine's load is read during a replay."""
+EVENTS_PATH = "/v1/events"
+TOOL_TIMEOUT_MARGIN_S = 60.0
+"""A sandboxed tool (``sleep``) is killed this long after its duration: a stuck one
+fails its session instead of the run."""
+SINK_FLUSH_INTERVAL_S = 0.005
+"""The pool's ``HttpSink`` sends a batch this soon after its first event (each tool's
+events are also flushed before its session goes on)."""
 
 
 class SessionMixError(ValueError):
@@ -153,41 +180,71 @@ class SessionResult:
     latency_s: float = 0.0
     ttft_after_tool_s: list[float] = field(default_factory=list)
     error: str | None = None
+    started_s: float | None = None
+    """``time.monotonic()`` at the first call's submit (None: not replayed here)."""
+    ended_s: float | None = None
+    """``time.monotonic()`` at the session's end (its last call's, or its failure)."""
+    output_tokens: int = 0
+    """Output tokens of the session's calls that completed."""
+    tool_priorities: list[int] = field(default_factory=list)
+    """The gateway's tool priority for each of the session's tools (0 without one)."""
+
+
+class ToolRunner(Protocol):
+    """Runs a replayed tool (the call before it was answered with ``priority``)."""
+
+    async def run(
+        self, session: ReplaySession, turn_index: int, turn: ReplayTurn, priority: int
+    ) -> None: ...
 
 
 class Replayer:
     """Replays sessions against a gateway: streamed completions and tool events."""
 
     def __init__(
-        self, client: httpx.AsyncClient, gateway: str, model: str = SERVED_MODEL_NAME
+        self,
+        client: httpx.AsyncClient,
+        gateway: str,
+        model: str = SERVED_MODEL_NAME,
+        tools: ToolRunner | None = None,
     ) -> None:
         self._client = client
         self._gateway = gateway
         self._model = model
+        self._tools = tools
+        """None: each tool is a sleep, with the replayer's own tool events."""
 
     async def session(self, session: ReplaySession, start: float) -> SessionResult:
         await asyncio.sleep(max(0.0, start + session.arrival_s - time.monotonic()))
         result = SessionResult(session.session_id)
-        began = time.monotonic()
+        began = result.started_s = time.monotonic()
         context: list[int] = []
         try:
             for turn_index, turn in enumerate(session.turns):
                 prompt = [*context, *turn.append]
-                ttft, output = await self._call(session, turn_index, turn, prompt)
+                ttft, output, priority = await self._call(session, turn_index, turn, prompt)
                 if turn_index > 0:
                     result.ttft_after_tool_s.append(ttft)
+                result.output_tokens += len(output)
                 context = [*prompt, *output]
                 if turn.tool is not None:
-                    await self._tool(session, turn_index, turn)
-        except (httpx.HTTPError, ValueError) as error:
+                    result.tool_priorities.append(priority)
+                    if self._tools is None:
+                        await self._tool(session, turn_index, turn)
+                    else:
+                        await self._tools.run(session, turn_index, turn, priority)
+        except (httpx.HTTPError, ValueError, SandboxError) as error:
             result.error = f"{type(error).__name__}: {error}"
-        result.latency_s = time.monotonic() - began
+        result.ended_s = time.monotonic()
+        result.latency_s = result.ended_s - began
         await self._events([SessionEnd(session_id=session.session_id, turns=len(session.turns))])
         return result
 
     async def _call(
         self, session: ReplaySession, turn_index: int, turn: ReplayTurn, prompt: list[int]
-    ) -> tuple[float, list[int]]:
+    ) -> tuple[float, list[int], int]:
+        """The call's time to first token, its output token ids, and the tool priority
+        the gateway answered it with (0 without one)."""
         body = {
             "model": self._model,
             "prompt": prompt,
@@ -211,6 +268,7 @@ class Replayer:
         ) as response:
             if response.status_code != 200:
                 raise ValueError(f"{response.status_code}: {(await response.aread())[:300]!r}")
+            priority = tool_priority_of(response.headers) or 0
             async for line in sse_lines(response):
                 ids = stream_token_ids(line)
                 if ids and ttft is None:
@@ -218,7 +276,7 @@ class Replayer:
                 output += ids
         if ttft is None or len(output) != turn.output_tokens:
             raise ValueError(f"got {len(output)} of {turn.output_tokens} tokens")
-        return ttft, output
+        return ttft, output, priority
 
     async def _tool(self, session: ReplaySession, turn_index: int, turn: ReplayTurn) -> None:
         assert turn.tool is not None
@@ -230,7 +288,7 @@ class Replayer:
 
     async def _events(self, events: Sequence[Any]) -> None:
         response = await self._client.post(
-            self._gateway + "/v1/events",
+            self._gateway + EVENTS_PATH,
             content=encode_jsonl(events),
             headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/x-ndjson"},
         )
@@ -261,15 +319,136 @@ def stream_token_ids(line: str) -> list[int]:
 
 
 async def replay(
-    gateway: str, mix: list[ReplaySession], model: str = SERVED_MODEL_NAME
+    gateway: str,
+    mix: list[ReplaySession],
+    model: str = SERVED_MODEL_NAME,
+    tools: ToolRunner | None = None,
 ) -> list[SessionResult]:
-    """Every session of the mix at its arrival time, all at once."""
+    """Every session of the mix at its arrival time, all at once (``tools``: where the
+    tools run; None: sleeps, with the replayer's own tool events)."""
     limits = httpx.Limits(max_connections=len(mix) * 2 + 4)
     timeout = httpx.Timeout(CALL_TIMEOUT_S, connect=5.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        replayer = Replayer(client, gateway, model)
+        replayer = Replayer(client, gateway, model, tools)
         start = time.monotonic()
         return list(await asyncio.gather(*(replayer.session(s, start) for s in mix)))
+
+
+# --- the tools in the sandbox pool ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SandboxShape:
+    """The sandbox pool the replayed tools run in (``--sandbox``)."""
+
+    tool_slots: int | None = None
+    """Tools running at once (``--tool-slots``); None: one per agent core."""
+
+    def config(self, agent_cores: str | None, workspace_root: Path) -> SandboxConfig:
+        """The pool's configuration: its slots pinned to ``agent_cores`` (None: the
+        pool's default, every allowed core but the first)."""
+        try:
+            cores = parse_cores(agent_cores, "--agent-cores")
+            return SandboxConfig(
+                workspace_root=workspace_root,
+                tool_cores=cores,
+                # The engine's cores are another process's: only the tools' are set here.
+                engine_cores=[] if cores is not None else None,
+                slots=self.tool_slots,
+            )
+        except BadOption as error:
+            raise SessionMixError(str(error)) from None
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'config'}: "
+                f"{e['msg'].removeprefix('Value error, ')}"
+                for e in error.errors()
+            )
+            raise SessionMixError(f"--sandbox with these cores and slots: {problems}") from None
+
+    def check(self, agent_cores: str | None) -> None:
+        """Refuse a pool that cannot start here, before any server is started."""
+        if self.tool_slots is not None and self.tool_slots < 1:
+            raise SessionMixError(f"--tool-slots must be at least 1, not {self.tool_slots}")
+        self.config(agent_cores, Path(tempfile.gettempdir()))
+
+
+class SandboxTools:
+    """Runs each replayed tool as ``sleep <tool_s>`` in a session's sandbox of the pool,
+    at the gateway's priority; the pool's events go to the gateway through ``sink``."""
+
+    def __init__(self, pool: SandboxPool, sink: HttpSink) -> None:
+        self.pool = pool
+        self.sink = sink
+        self.queue_waits_s: list[float] = []
+        self.sink_stats: HttpSinkStats | None = None
+        """The sink's counters once it is closed."""
+
+    async def run(
+        self, session: ReplaySession, turn_index: int, turn: ReplayTurn, priority: int
+    ) -> None:
+        assert turn.tool is not None
+        call_id = f"{session.session_id}-tool{turn_index}"
+        spec = ExecSpec(
+            command=["sleep", f"{turn.tool_s:.6f}"],
+            timeout_s=turn.tool_s + TOOL_TIMEOUT_MARGIN_S,
+        )
+        result = await self.pool.run(
+            session.session_id, spec, tool=turn.tool, priority=priority, call_id=call_id,
+            turn=turn_index,
+        )  # fmt: skip
+        self.queue_waits_s.append(result.queue_wait_s)
+        # The tool's events reach the gateway before the session's next call, as the
+        # replayer's own do (the sink sends from its thread).
+        await asyncio.to_thread(self.sink.flush)
+        if result.status != "ok":
+            detail = result.detail or result.stderr.strip()[-200:]
+            raise ValueError(f"tool {call_id} in the sandbox: {result.status} ({detail})")
+
+    def figures(self) -> dict[str, Any]:
+        waits = self.queue_waits_s
+        stats = self.sink_stats
+        return {
+            "backend": self.pool.backend.name,
+            "slots": [list(slot.cores) for slot in self.pool.slots],
+            "tools": len(waits),
+            "queue_wait_s": {
+                "mean": statistics.fmean(waits) if waits else math.nan,
+                "max": max(waits) if waits else math.nan,
+            },
+            "events_sent": stats.sent if stats else None,
+            "events_dropped": stats.dropped if stats else None,
+            "warnings": list(self.pool.warnings),
+        }
+
+
+@contextlib.asynccontextmanager
+async def sandbox_tools(
+    gateway: str, mix: Sequence[ReplaySession], sandbox: SandboxShape, agent_cores: str | None
+) -> AsyncIterator[SandboxTools]:
+    """A started pool with a workspace per session of the mix (made before the replay:
+    a workspace with a quota costs a ``mkfs`` and a ``mount``), its events posted to the
+    gateway; every session closed and the pool shut down (its processes gone) after."""
+    with tempfile.TemporaryDirectory(prefix="agentmars-bench-", ignore_cleanup_errors=True) as root:
+        config = sandbox.config(agent_cores, Path(root) / "workspaces")
+        sink = HttpSink(gateway + EVENTS_PATH, token=TOKEN, flush_interval_s=SINK_FLUSH_INTERVAL_S)
+        tools: SandboxTools | None = None
+        try:
+            async with SandboxPool(config, emitter=Emitter([sink])) as pool:
+                tools = SandboxTools(pool, sink)
+                try:
+                    for session in mix:
+                        await asyncio.to_thread(pool.open_session, session.session_id)
+                    yield tools
+                finally:
+                    for session_id in pool.sessions:
+                        # One that cannot be closed is unmounted by the pool's close.
+                        with contextlib.suppress(SandboxError):
+                            await pool.close_session(session_id)
+        finally:
+            sink.close()
+            if tools is not None:
+                tools.sink_stats = sink.stats()
 
 
 # --- one policy: serve, warm up, replay, read the engine's counters ---------------------
@@ -300,7 +479,7 @@ class EngineShape:
     """More vLLM arguments (``serve --vllm-arg``), e.g. its per-step log."""
 
 
-def _serve_argv(engine: EngineShape, policy: str) -> list[str]:
+def _serve_argv(engine: EngineShape, policy: str, tag: str = "") -> list[str]:
     argv = [
         sys.executable, "-m", "agentmars.cli.main", "serve", "--policy", policy,
         "--num-blocks", str(engine.num_blocks), "--max-model-len", str(engine.max_model_len),
@@ -316,7 +495,7 @@ def _serve_argv(engine: EngineShape, policy: str) -> list[str]:
     argv += [
         "--engine", "vllm", "--model", str(engine.model),
         "--vllm-python", str(engine.vllm_python),
-        "--log", str(engine.log_dir / f"vllm-{policy}.log"),
+        "--log", str(engine.log_dir / f"vllm-{policy}{tag}.log"),
     ]  # fmt: skip
     if engine.cores is not None:
         argv += ["--cores", engine.cores]
@@ -422,13 +601,46 @@ async def _warm_up(gateway: str, tokens: int, model: str) -> None:
         raise RuntimeError(f"the warm-up call failed: {result.error}")
 
 
-def run_policy(engine: EngineShape, policy: str, mix: list[ReplaySession]) -> dict[str, Any]:
-    """Serve with ``policy``, replay the mix, stop; the policy's figures."""
+async def _replay_measured(
+    gateway: str,
+    mix: list[ReplaySession],
+    model: str,
+    engine_url: str,
+    sandbox: SandboxShape | None,
+    agent_cores: str | None,
+) -> tuple[list[SessionResult], float, dict[str, Any], dict[str, Any] | None]:
+    """The replay (with its tools in the sandbox pool, set up before and shut down after
+    it), its duration, the engine's load over it, and the sandbox's figures."""
+    async with contextlib.AsyncExitStack() as stack:
+        tools = None
+        if sandbox is not None:
+            tools = await stack.enter_async_context(
+                sandbox_tools(gateway, mix, sandbox, agent_cores)
+            )
+        started = time.monotonic()
+        with LoadSampler(engine_url) as load:
+            results = await replay(gateway, mix, model, tools)
+        replay_s = time.monotonic() - started
+    return results, replay_s, load.figures(), None if tools is None else tools.figures()
+
+
+def run_policy(
+    engine: EngineShape,
+    policy: str,
+    mix: list[ReplaySession],
+    *,
+    sandbox: SandboxShape | None = None,
+    run_index: int | None = None,
+) -> dict[str, Any]:
+    """Serve with ``policy``, replay the mix, stop; the policy's figures (``sandbox``:
+    the tools run in a sandbox pool on the agent cores; ``run_index``: the run's
+    number, in its logs' names)."""
     engine.log_dir.mkdir(parents=True, exist_ok=True)
-    serve_log = engine.log_dir / f"serve-{'twin-' if engine.twin else ''}{policy}.log"
+    tag = "" if run_index is None else f"-run{run_index}"
+    serve_log = engine.log_dir / f"serve-{'twin-' if engine.twin else ''}{policy}{tag}.log"
     started = time.monotonic()
     with serve_in_subprocess(
-        _serve_argv(engine, policy),
+        _serve_argv(engine, policy, tag),
         env={"AGENTMARS_GATEWAY_TOKEN": TOKEN},
         health_path="/healthz",
         startup_timeout_s=STARTUP_TIMEOUT_S,
@@ -441,17 +653,20 @@ def run_policy(engine: EngineShape, policy: str, mix: list[ReplaySession]) -> di
             model = _served_model(engine_url)
             asyncio.run(_warm_up(gateway, engine.max_model_len // 2, model))
             before = _counters(engine_url)
-            replay_started = time.monotonic()
-            with LoadSampler(engine_url) as load:
-                results = asyncio.run(replay(gateway, mix, model))
-            replay_s = time.monotonic() - replay_started
+            results, replay_s, load, tools = asyncio.run(
+                _replay_measured(gateway, mix, model, engine_url, sandbox, engine.agent_cores)
+            )
             after = _counters(engine_url)
         except httpx.HTTPError as error:
             # A call's own failure is a failed session; this is the gateway or vLLM gone.
             raise RuntimeError(f"{policy}: {error!r} (logs in {engine.log_dir})") from None
+        except SandboxError as error:  # the pool could not start (a tool's is a session's)
+            raise RuntimeError(f"{policy}: the sandbox pool: {error}") from None
     deltas = {name: after[name] - before[name] for name in before}
     figures = summarize(policy, results, deltas, startup_s=startup_s, replay_s=replay_s)
-    figures["engine_load"] = load.figures()
+    figures["engine_load"] = load
+    if tools is not None:
+        figures["sandbox"] = tools
     return figures
 
 
@@ -484,8 +699,30 @@ def summarize(
         "prefix_cache_hit_rate": counters["prefix_cache_hits"] / queries if queries else math.nan,
         "prefix_cache_queries": queries,
         "preemptions": counters["num_preemptions"],
+        "throughput": throughput(results),
         "startup_s": startup_s,
         "replay_s": replay_s,
+    }
+
+
+def throughput(results: Sequence[SessionResult]) -> dict[str, float]:
+    """Sessions completed per minute and output tokens per second of the replay: over
+    the span from the first session's start to the last one's end (a failed session's
+    time counts in the span, its calls' tokens in the tokens, it is not completed);
+    NaN without replayed times (a simulated run)."""
+    timed = [
+        (r.started_s, r.ended_s, r)
+        for r in results
+        if r.started_s is not None and r.ended_s is not None
+    ]
+    span = max(e for _, e, _ in timed) - min(s for s, _, _ in timed) if timed else math.nan
+    if not span > 0:
+        return {"sessions_per_min": math.nan, "output_tokens_per_s": math.nan, "span_s": span}
+    completed = sum(r.error is None for _, _, r in timed)
+    return {
+        "sessions_per_min": completed / span * 60.0,
+        "output_tokens_per_s": sum(r.output_tokens for _, _, r in timed) / span,
+        "span_s": span,
     }
 
 
@@ -504,6 +741,8 @@ FIGURES: tuple[tuple[str, Figure], ...] = (
     ("session latency p95 s", lambda r: r["session_latency_s"]["p95"]),
     ("TTFT after a tool, mean s", lambda r: r["ttft_after_tool_s"]["mean"]),
     ("prefix-cache hit rate", lambda r: r["prefix_cache_hit_rate"]),
+    ("sessions per minute", lambda r: r["throughput"]["sessions_per_min"]),
+    ("output tokens per s", lambda r: r["throughput"]["output_tokens_per_s"]),
 )
 
 
@@ -512,25 +751,112 @@ def run(
     shape: MixShape,
     policies: Sequence[str],
     json_out: Path | None,
+    *,
+    runs: int = 1,
+    sandbox: SandboxShape | None = None,
 ) -> dict[str, Any]:
-    """Every policy in turn on the same mix; print the table, write the JSON."""
+    """Every policy on the same mix, ``runs`` times, interleaved run by run; print the
+    tables, write the JSON."""
     check_fits(engine.num_blocks, shape.max_context)
+    order = run_order(policies, runs)
     mix = build_mix(shape)
-    results = []
+    served: dict[str, list[dict[str, Any]]] = {policy: [] for policy in policies}
+    phase = "runs (each: start the engine, replay, stop)"
     with pinned(engine.agent_cores), progress_bars() as show:
-        for i, policy in enumerate(policies):
-            show("policies (each: start vLLM, replay, stop)", i, len(policies))
-            results.append(run_policy(engine, policy, mix))
-        show("policies (each: start vLLM, replay, stop)", len(policies), len(policies))
+        for i, (run_index, policy) in enumerate(order):
+            show(phase, i, len(order))
+            figures = run_policy(
+                engine, policy, mix, sandbox=sandbox, run_index=run_index if runs > 1 else None
+            )
+            served[policy].append({"run": run_index, **figures})
+        show(phase, len(order), len(order))
+    results = [aggregate(served[policy]) for policy in policies]
     figures = {
         "mix": asdict(shape),
         "calls": sum(len(s.turns) for s in mix),
         "engine": {"num_blocks": engine.num_blocks, "max_model_len": engine.max_model_len,
                    "cores": engine.cores},
+        "runs": runs,
+        "order": [{"run": run_index, "policy": policy} for run_index, policy in order],
+        "sandbox": None if sandbox is None else {
+            "tool_slots": sandbox.tool_slots, "tool_cores": engine.agent_cores,
+        },
         "policies": results,
         "ratio_to_first": ratios(results),
     }  # fmt: skip
+    if runs > 1:
+        Console().print(runs_table(figures))
     return publish(table(figures), figures, json_out)
+
+
+def run_order(policies: Sequence[str], runs: int) -> list[tuple[int, str]]:
+    """(run, policy) in the order they are served: the policies interleaved run by run
+    (fcfs, continuum, fcfs, continuum, ...), so slow drift of the machine (its load, its
+    clock, the page cache) hits every policy alike. Runs count from 1."""
+    if runs < 1:
+        raise SessionMixError(f"--runs must be at least 1, not {runs}")
+    if not policies:
+        raise SessionMixError("give at least one policy")
+    return [(run_index, policy) for run_index in range(1, runs + 1) for policy in policies]
+
+
+def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A policy's figures over its runs (each ``summarize``'s, with its ``run``): each
+    figure's mean over the runs, in the place a single run's has it (so one run reads
+    as before), the spread (min-max) of the runs' mean latency, and the runs."""
+    first = runs[0]
+
+    def mean(*path: str) -> float:
+        """The mean over the runs of the figure at ``path`` in their dicts."""
+        values: list[float] = []
+        for r in runs:
+            value: Any = r
+            for key in path:
+                value = value[key]
+            values.append(value)
+        return statistics.fmean(values)
+
+    latency_means = [r["session_latency_s"]["mean"] for r in runs]
+    return {
+        "policy": first["policy"],
+        "sessions": first["sessions"],
+        "failed": [
+            failure if len(runs) == 1 else f"run {r.get('run', i + 1)}: {failure}"
+            for i, r in enumerate(runs)
+            for failure in r["failed"]
+        ],
+        "session_latency_s": {q: mean("session_latency_s", q) for q in ("mean", "p50", "p95")},
+        "session_latency_mean_spread_s": {"min": min(latency_means), "max": max(latency_means)},
+        "ttft_after_tool_s": {
+            "mean": mean("ttft_after_tool_s", "mean"),
+            "calls": sum(r["ttft_after_tool_s"]["calls"] for r in runs),
+        },
+        "prefix_cache_hit_rate": mean("prefix_cache_hit_rate"),
+        "prefix_cache_queries": mean("prefix_cache_queries"),
+        "preemptions": mean("preemptions"),
+        "throughput": {
+            name: mean("throughput", name)
+            for name in ("sessions_per_min", "output_tokens_per_s", "span_s")
+        },
+        "startup_s": mean("startup_s"),
+        "replay_s": mean("replay_s"),
+        "engine_load": _mean_load([r.get("engine_load", {}) for r in runs]),
+        "runs": list(runs),
+    }
+
+
+def _mean_load(loads: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The runs' engine load figures: means of the means, the largest of the maxima."""
+    sampled = [load for load in loads if load.get("samples")]
+    if not sampled:
+        return {"samples": 0}
+    means = ("busy_fraction", "running_mean", "waiting_mean", "kv_usage_mean")
+    return {
+        "samples": sum(load["samples"] for load in sampled),
+        "interval_s": SAMPLE_INTERVAL_S,
+        **{name: statistics.fmean(load[name] for load in sampled) for name in means},
+        **{name: max(load[name] for load in sampled) for name in ("waiting_max", "kv_usage_max")},
+    }
 
 
 def check_fits(num_blocks: int, max_context: int) -> None:
@@ -554,14 +880,25 @@ def _ratio(value: float, base: float) -> float:
     return value / base if base and not math.isnan(base) else math.nan
 
 
-def table(figures: dict[str, Any]) -> Table:
-    results = figures["policies"]
+def _title(figures: dict[str, Any]) -> str:
     mix = figures["mix"]
     title = (
         f"{mix['sessions']} {mix['workload']} sessions ({figures['calls']} calls) at "
         f"{mix['rate']:g}/s, contexts <= {mix['max_context']} tokens, "
         f"{figures['engine']['num_blocks']} KV blocks"
     )
+    sandbox = figures.get("sandbox")
+    if sandbox is not None:
+        slots = sandbox["tool_slots"] or "one per core"
+        title += f", tools in the sandbox (slots: {slots})"
+    return title
+
+
+def table(figures: dict[str, Any]) -> Table:
+    """Each policy's figures (their means over the runs) and their ratios to the first's."""
+    results = figures["policies"]
+    runs = figures.get("runs", 1)
+    title = _title(figures) + (f"; means over {runs} runs" if runs > 1 else "")
     out = Table(title=title)
     out.add_column("figure")
     for r in results:
@@ -572,6 +909,15 @@ def table(figures: dict[str, Any]) -> Table:
         row = [f"{read(r):.3f}" for r in results]
         row += [f"{figures['ratio_to_first'][r['policy']][name]:.3f}" for r in results[1:]]
         out.add_row(name, *row)
+    if runs > 1:
+        out.add_row(
+            "session latency mean, min-max s",
+            *(
+                f"{r['session_latency_mean_spread_s']['min']:.3f}-"
+                f"{r['session_latency_mean_spread_s']['max']:.3f}"
+                for r in results
+            ),
+        )
     out.add_row("preemptions", *(f"{r['preemptions']:g}" for r in results))
     out.add_row(
         "engine busy fraction",
@@ -585,5 +931,51 @@ def table(figures: dict[str, Any]) -> Table:
             for r in results
         ),
     )
+    if figures.get("sandbox") is not None:
+        out.add_row(
+            "tool wait for a sandbox slot, mean s",
+            *(f"{_sandbox_wait(r):.3f}" for r in results),
+        )
     out.add_row("failed sessions", *(str(len(r["failed"])) for r in results))
+    return out
+
+
+def _sandbox_wait(result: dict[str, Any]) -> float:
+    """A policy's mean wait of a tool for a sandbox slot, over its runs."""
+    waits = [
+        run["sandbox"]["queue_wait_s"]["mean"]
+        for run in result.get("runs", [result])
+        if "sandbox" in run
+    ]
+    return statistics.fmean(waits) if waits else math.nan
+
+
+RUN_COLUMNS: tuple[tuple[str, Figure], ...] = (
+    ("latency mean s", lambda r: r["session_latency_s"]["mean"]),
+    ("p50 s", lambda r: r["session_latency_s"]["p50"]),
+    ("p95 s", lambda r: r["session_latency_s"]["p95"]),
+    ("TTFT after tool s", lambda r: r["ttft_after_tool_s"]["mean"]),
+    ("prefix hit rate", lambda r: r["prefix_cache_hit_rate"]),
+    ("sessions / min", lambda r: r["throughput"]["sessions_per_min"]),
+    ("output tok / s", lambda r: r["throughput"]["output_tokens_per_s"]),
+)
+
+
+def runs_table(figures: dict[str, Any]) -> Table:
+    """Every run's figures, in the order the runs were served."""
+    out = Table(title=_title(figures) + ": each run")
+    out.add_column("run", justify="right")
+    out.add_column("policy")
+    for name, _ in RUN_COLUMNS:
+        out.add_column(name, justify="right")
+    out.add_column("failed", justify="right")
+    runs = {(run["run"], r["policy"]): run for r in figures["policies"] for run in r["runs"]}
+    for served in figures["order"]:
+        run = runs[(served["run"], served["policy"])]
+        out.add_row(
+            str(served["run"]),
+            served["policy"],
+            *(f"{read(run):.3f}" for _, read in RUN_COLUMNS),
+            str(len(run["failed"])),
+        )
     return out

@@ -233,14 +233,33 @@ def bench_session_mix(
     log_dir: Annotated[Path, typer.Option(help="Logs of each run.")] = Path(
         "out/bench-session-mix"
     ),
+    runs: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Serve and replay each policy this often, the policies interleaved."
+        ),
+    ] = 1,
+    sandbox: Annotated[
+        bool,
+        typer.Option(
+            help="Run the tools for real (sleep) in the sandbox pool on the agent cores, "
+            "at the gateway's tool priority."
+        ),
+    ] = False,
+    tool_slots: Annotated[
+        int | None,
+        typer.Option(min=1, help="With --sandbox: tools at once (default: one per agent core)."),
+    ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
 ) -> None:
     """Policies on vLLM CPU with the plugin and the gateway: a replayed mix of agent
-    sessions, one policy after the other (session latency, TTFT after tools, prefix-cache
-    hit rate). Several minutes: vLLM starts once per policy."""
+    sessions, the policies one after the other, --runs times interleaved (session latency,
+    TTFT after tools, prefix-cache hit rate, throughput; per run and their means).
+    Several minutes: vLLM starts once per policy and run."""
     from agentmars.bench.session_mix import (
         EngineShape,
         MixShape,
+        SandboxShape,
         SessionMixError,
         check_fits,
         run,
@@ -259,12 +278,17 @@ def bench_session_mix(
             policy_class(name)
         shape.check()
         check_fits(num_blocks, max_context)
+        if tool_slots is not None and not sandbox:
+            raise SessionMixError("--tool-slots needs --sandbox")
+        tools = SandboxShape(tool_slots) if sandbox else None
+        if tools is not None:
+            tools.check(agent_cores)
         engine = EngineShape(
             python, tiny_model_made_by(python), num_blocks, max_context, cores,
             agent_cores, log_dir, profile,
         )  # fmt: skip
         stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server it started stops
-        figures = run(engine, shape, names, json_out)
+        figures = run(engine, shape, names, json_out, runs=runs, sandbox=tools)
     except (BenchSetupError, SessionMixError, UnknownPolicy, WorkloadError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -578,7 +602,7 @@ def serve(
     ] = None,
     policy: Annotated[
         str, typer.Option(help="Scheduling policy (agentmars sim policies).")
-    ] = "fcfs",
+    ] = "mars",
     host: Annotated[str, typer.Option(help="Gateway address; loopback unless you mean it.")] = (
         "127.0.0.1"
     ),
@@ -688,7 +712,7 @@ def _serve_sim(
 @sim_app.command("run")
 def sim_run(
     workload: SimWorkloads,
-    policies: SimPolicies = "fcfs,autellix,infercept,continuum,continuum-dy",
+    policies: SimPolicies = "mars,fcfs,autellix,infercept,continuum,continuum-dy",
     rate: SimRates = None,
     concurrency: SimConcurrency = None,
     profile: SimProfile = "h100-qwen3-coder-30b",
@@ -719,7 +743,7 @@ def sim_run(
 def sim_sweep(
     workloads: SimWorkloads = "ilr-1,ilr-2,ilr-3,ilr-4",
     rates: SimRates = "0.1,0.2,0.3,0.4,0.5",
-    policies: SimPolicies = "fcfs,autellix,infercept,continuum,continuum-dy",
+    policies: SimPolicies = "mars,fcfs,autellix,infercept,continuum,continuum-dy",
     concurrency: SimConcurrency = None,
     profile: SimProfile = "h100-qwen3-coder-30b",
     sessions: SimSessions = 200,
@@ -745,6 +769,40 @@ def sim_sweep(
         jobs,
         report,
     )
+
+
+@sim_app.command("speedup")
+def sim_speedup(
+    results: Annotated[Path, typer.Argument(help="A sweep's results.json.")],
+    policy: Annotated[str, typer.Option(help="The policy compared.")] = "mars",
+    against: Annotated[
+        str, typer.Option(help="Comma-separated: the others; the strongest at each point counts.")
+    ] = "fcfs,autellix,infercept,continuum,continuum-dy",
+    variants: Annotated[
+        str, typer.Option(help="Comma-separated variants shown as slowdowns of the policy.")
+    ] = "",
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the rows here.")] = None,
+) -> None:
+    """One policy against the others of a sweep, point by point: speed-up over the
+    strongest, P90 / P95, goodput, and variants (ablations) as slowdowns."""
+    import json
+
+    from agentmars.cli.sim import console, err_console, parse_list, speedup_tables
+    from agentmars.server.metrics.speedup import compare
+
+    try:
+        data = json.loads(results.read_text(encoding="utf-8"))
+        others = parse_list(against, "--against")
+        extra = parse_list(variants, "--variants") if variants else ()
+        rows = compare(data, policy, others, extra)
+    except (OSError, ValueError) as error:  # SpeedupError, BadOption, bad JSON
+        err_console.print(f"error: {error}")
+        raise typer.Exit(2) from None
+    for table in speedup_tables(rows, policy):
+        console.print(table)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps([row.as_dict() for row in rows], indent=2) + "\n")
 
 
 @sim_app.command("policies")

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from agentmars.server.metrics.results import SweepResult
+from agentmars.server.metrics.speedup import PointComparison
 from agentmars.server.metrics.summary import RunSummary
 from agentmars.server.profiles.cost_model import ProfileError
 from agentmars.server.sim.engine import SimError
@@ -115,3 +116,40 @@ def list_rows(title: str, rows: Iterable[tuple[str, str]]) -> None:
     for name, text in rows:
         table.add_row(name, text)
     console.print(table)
+
+
+def speedup_tables(rows: list[PointComparison], policy: str) -> list[Table]:
+    """The point-by-point comparison and, when variants were named, their slowdowns."""
+    alphas = list(rows[0].goodput)
+    main = Table(title=f"{policy} against the strongest other policy at each point")
+    goodputs = [f"goodput a={float(a):g} ({policy} / best) 1/ks" for a in alphas]
+    columns = ("workload", "rate/s", f"{policy} mean s", "strongest", "its mean s", "speed-up")
+    for column in (*columns, "P90 x", "P95 x", *goodputs):
+        main.add_column(column, justify="left" if column in ("workload", "strongest") else "right")
+    for row in rows:
+        goodput = [
+            f"{row.goodput[a] * 1000:.1f} / {row.best_other_goodput[a] * 1000:.1f}" for a in alphas
+        ]
+        main.add_row(
+            row.workload, f"{row.rate:g}" if row.rate is not None else "closed",
+            f"{row.mean_s:,.1f}", row.best_other, f"{row.best_other_mean_s:,.1f}",
+            f"{row.speedup:.2f}x", f"{row.p90_speedup:.2f}x", f"{row.p95_speedup:.2f}x", *goodput,
+        )  # fmt: skip
+    wins = sum(row.speedup > 1 for row in rows)
+    speedups = [row.speedup for row in rows]
+    main.caption = (
+        f"{policy} has the lowest mean at {wins} of {len(rows)} points; speed-up "
+        f"{min(speedups):.2f}x-{max(speedups):.2f}x; P90 better at "
+        f"{sum(r.p90_speedup > 1 for r in rows)}, P95 at {sum(r.p95_speedup > 1 for r in rows)}"
+    )
+    tables = [main]
+    variants = list(rows[0].variants)
+    if variants:
+        ablations = Table(title=f"variants: mean latency over {policy}'s")
+        for column in ("workload", "rate/s", *variants):
+            ablations.add_column(column, justify="left" if column == "workload" else "right")
+        for row in rows:
+            rate = f"{row.rate:g}" if row.rate is not None else "closed"
+            ablations.add_row(row.workload, rate, *(f"{row.variants[v]:.2f}x" for v in variants))
+        tables.append(ablations)
+    return tables

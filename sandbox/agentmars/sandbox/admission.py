@@ -1,8 +1,10 @@
 """Admission of tool calls to sandbox slots: at most ``slots`` run at once, waiting
 calls are served by priority (lower value first, as in vLLM), FIFO within one.
 
-The priority comes from the caller; later the control plane supplies it (seed
-000 §4.1: tool pressure feeds admission).
+The priority comes from the caller, who has it from the control plane: the gateway
+answers each LLM call with the policy's ``tool_priority`` for the session (header
+``X-Agentmars-Tool-Priority``, seed 000 §4.2), and the SDK's ``ToolCall`` takes the
+newest as its ``priority`` (docs/sdk.md "Tool priority").
 """
 
 from __future__ import annotations

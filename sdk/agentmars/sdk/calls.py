@@ -316,6 +316,9 @@ class ToolCall(Scope):
 
     As a context manager it is enqueued and started on entry (an in-process tool
     has no queue); a pool that queues calls uses ``enqueue()`` and ``start()``.
+    Without a ``priority`` it takes, at ``enqueue``, the one the gateway last sent
+    the session (``Session.tool_priority``): pass ``call.priority`` on to the
+    sandbox pool.
     """
 
     def __init__(
@@ -332,6 +335,7 @@ class ToolCall(Scope):
         self.tool = tool
         self._given_call_id = call_id
         self.call_id = call_id or _new_id()[:16]
+        self._given_priority = priority
         self.priority = priority
         self._given_session = session
         self.session: Session | None = None
@@ -345,7 +349,7 @@ class ToolCall(Scope):
         return type(self)(
             self.tool,
             call_id=self._given_call_id,
-            priority=self.priority,
+            priority=self._given_priority,
             session=self._given_session,
         )
 
@@ -363,6 +367,8 @@ class ToolCall(Scope):
             return self
         self.session = self._given_session or require_session("a tool call")
         self.turn = self.session.current_turn()
+        if self.priority is None:
+            self.priority = self.session.tool_priority
         event = ToolEnqueue(**self._ids(), priority=self.priority)
         self._enqueue_ns = event.mono_ns
         self.session.emit(event)

@@ -81,6 +81,9 @@ class Session(Scope):
             self.metadata["task_id"] = self.task_id
         self.emitter = emitter or default_emitter()
         self.turns = 0
+        self.tool_priority: int | None = None
+        """The newest tool priority the gateway answered with (``X-Agentmars-Tool-
+        Priority``; None before any): its ``ToolCall``s' default."""
         self._tool_result_pending = False
         self._lock = threading.Lock()
         self._started_ns: int | None = None

@@ -11,7 +11,10 @@ from dataclasses import dataclass
 import pytest
 
 from agentmars import sdk
+from agentmars.sdk.events import ToolEnqueue
 from agentmars.server.engines.scripted.app import ScriptedLatency, create_scripted_llm_app
+from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
+from agentmars.server.policies.interface import AdmissionHalf, Policy
 from agentmars.server.web.serving import serve_in_thread
 
 # Latency the scripted server models; the recorded timings must reflect it.
@@ -39,6 +42,46 @@ def llm_server() -> Iterator[LLMServer]:
     app = create_scripted_llm_app(LATENCY)
     with serve_in_thread(app) as url:
         yield LLMServer(url, app)
+
+
+class RankedTools(AdmissionHalf):
+    """Admits everyone; a session's tools go at its ``ranks`` entry, else 0."""
+
+    def __init__(self, ranks: dict[str, int]) -> None:
+        self.ranks = ranks
+
+    def tool_priority(self, session_id: str) -> int:
+        return self.ranks.get(session_id, 0)
+
+
+class RankingTools(Policy):
+    name = "test-sdk-ranking-tools"
+
+    def __init__(self) -> None:
+        self.ranks: dict[str, int] = {}
+
+    def admission(self) -> RankedTools:
+        return RankedTools(self.ranks)
+
+
+@dataclass
+class GatewayServer:
+    url: str
+    ranks: dict[str, int]
+    """What the gateway's policy says of each session's tools; tests change it."""
+
+
+@pytest.fixture(scope="module")
+def gateway_server(llm_server: LLMServer) -> Iterator[GatewayServer]:
+    """The real gateway in front of ``llm_server``, its policy ranking tools by table."""
+    policy = RankingTools()
+    config = GatewayConfig(upstream_url=llm_server.url, token="sdk-test-gateway-token")
+    with serve_in_thread(create_gateway_app(config, policy=policy)) as url:
+        yield GatewayServer(url, policy.ranks)
+
+
+def enqueued_priorities(sink: sdk.MemorySink, session_id: str) -> list[int | None]:
+    return [e.priority for e in sink.of_session(session_id) if isinstance(e, ToolEnqueue)]
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import pytest
 from agentmars import sdk
 from agentmars.sdk.integrations import litellm as agentmars_litellm
 
-from .conftest import TOOLS, LLMServer, assert_call_recorded
+from .conftest import TOOLS, GatewayServer, LLMServer, assert_call_recorded, enqueued_priorities
 
 
-def _kwargs(server: LLMServer, **extra: object) -> dict:
+def _kwargs(server: LLMServer | GatewayServer, **extra: object) -> dict:
     return {
         "model": "hosted_vllm/scripted",
         "api_base": f"{server.url}/v1",
@@ -94,3 +94,24 @@ def test_positional_model_and_messages(
     with sdk.session(emitter=emitter) as s:
         agentmars_litellm.completion(model, messages, **kwargs)
     assert events.of_session(s.session_id)[1].model == "hosted_vllm/scripted"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_tool_calls_take_the_priority_the_gateway_answered_with(
+    gateway_server: GatewayServer, emitter: sdk.Emitter, events: sdk.MemorySink, stream: bool
+) -> None:
+    session_id = f"ranked-litellm-{stream}"
+    gateway_server.ranks[session_id] = 7
+    with sdk.session(session_id, emitter=emitter):
+        reply = agentmars_litellm.completion(**_kwargs(gateway_server, stream=stream))
+        if stream:
+            list(reply)
+        with sdk.tool("terminal"):
+            pass
+        gateway_server.ranks[session_id] = 2
+        reply = await agentmars_litellm.acompletion(**_kwargs(gateway_server, stream=stream))
+        if stream:
+            [chunk async for chunk in reply]
+        with sdk.tool("terminal"):
+            pass
+    assert enqueued_priorities(events, session_id) == [7, 2]

@@ -6,7 +6,7 @@ import pytest
 from agentmars import sdk
 from agentmars.sdk.integrations.openai import instrument_openai
 
-from .conftest import TOOLS, LLMServer, assert_call_recorded
+from .conftest import TOOLS, GatewayServer, LLMServer, assert_call_recorded, enqueued_priorities
 
 
 def _client(server: LLMServer) -> openai.OpenAI:
@@ -181,3 +181,39 @@ def test_instrument_is_idempotent_and_checks_its_input(llm_server: LLMServer) ->
     assert instrument_openai(client).chat.completions.create is create
     with pytest.raises(TypeError, match=r"openai\.OpenAI"):
         instrument_openai("not a client")  # type: ignore[type-var]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calls_take_the_newest_priority_the_gateway_answered_with(
+    gateway_server: GatewayServer, emitter: sdk.Emitter, events: sdk.MemorySink, stream: bool
+) -> None:
+    client = instrument_openai(openai.OpenAI(base_url=f"{gateway_server.url}/v1", api_key="unused"))
+    session_id = f"ranked-openai-{stream}"
+    with sdk.session(session_id, emitter=emitter):
+        for priority in (7, -3):  # the policy changes its mind between the calls
+            gateway_server.ranks[session_id] = priority
+            reply = client.chat.completions.create(
+                model="scripted",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=2,
+                stream=stream,
+            )
+            if stream:
+                list(reply)
+            with sdk.tool("terminal") as call:
+                assert call.priority == priority  # for the sandbox pool
+        with sdk.tool("terminal", priority=1):  # the caller's own wins
+            pass
+    assert enqueued_priorities(events, session_id) == [7, -3, 1]
+
+
+async def test_the_async_client_keeps_the_priority_too(
+    gateway_server: GatewayServer, emitter: sdk.Emitter, events: sdk.MemorySink
+) -> None:
+    client = instrument_openai(
+        openai.AsyncOpenAI(base_url=f"{gateway_server.url}/v1", api_key="unused")
+    )
+    gateway_server.ranks["ranked-openai-async"] = 5
+    async with sdk.session("ranked-openai-async", emitter=emitter) as s:
+        await client.completions.create(model="scripted", prompt="hi", max_tokens=2)
+        assert s.tool_priority == 5

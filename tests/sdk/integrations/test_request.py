@@ -6,9 +6,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
+import pytest
+
 from agentmars import sdk
 from agentmars.sdk.events import LLMSubmit
-from agentmars.sdk.integrations.request import begin_call
+from agentmars.sdk.integrations.request import (
+    begin_call,
+    remember_tool_priority,
+    tool_priority_of,
+)
 
 
 def _xargs(**kwargs: Any) -> dict[str, Any]:
@@ -84,3 +91,35 @@ def test_a_decorated_function_runs_under_its_hints(emitter: sdk.Emitter) -> None
         xargs = ask()
         assert "next_tool" not in _xargs()
     assert (xargs["next_tool"], xargs["expected_tool_s"]) == ("pytest", 2.5)
+
+
+@pytest.mark.parametrize(
+    ("value", "priority"),
+    [("7", 7), (" -3 ", -3), ("+2", 2), ("-2147483648", -(2**31)), ("2147483647", 2**31 - 1)],
+)
+def test_the_tool_priority_header_is_read(value: str, priority: int) -> None:
+    assert tool_priority_of({"X-Agentmars-Tool-Priority": value}) == priority
+    assert tool_priority_of({"x-agentmars-tool-priority": value}) == priority
+    assert tool_priority_of(httpx.Headers({"X-AGENTMARS-TOOL-PRIORITY": value})) == priority
+
+
+@pytest.mark.parametrize(
+    "value", ["", "abc", "1.5", "1e3", "0x10", "1_0", "٣", "2147483648", "9" * 40]
+)
+def test_a_malformed_tool_priority_counts_as_0(value: str) -> None:
+    assert tool_priority_of({"x-agentmars-tool-priority": value}) == 0
+
+
+def test_no_tool_priority_header_is_none() -> None:
+    assert tool_priority_of({"content-type": "application/json"}) is None
+    assert tool_priority_of(None) is None
+
+
+def test_the_tool_priority_is_kept_for_the_current_session_only(emitter: sdk.Emitter) -> None:
+    remember_tool_priority({"x-agentmars-tool-priority": "5"})  # no session: nothing kept
+    with sdk.session(emitter=emitter) as s:
+        remember_tool_priority({"x-agentmars-tool-priority": "5"})
+        remember_tool_priority({})  # an answer without one keeps the newest
+        assert s.tool_priority == 5
+        remember_tool_priority({"x-agentmars-tool-priority": "five"})
+        assert s.tool_priority == 0

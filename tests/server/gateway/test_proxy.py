@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 from starlette.types import Receive, Scope, Send
 
 from agentmars.sdk.events import LLMEnd
 from agentmars.server.engines.scripted.app import create_scripted_llm_app
-from agentmars.server.gateway.app import TOKEN_ENV
+from agentmars.server.gateway.app import TOKEN_ENV, GatewayConfig, create_gateway_app
+from agentmars.server.policies.interface import AdmissionHalf, Policy
 from agentmars.server.web.serving import free_loopback_port, serve_in_subprocess, serve_in_thread
 from tests.server.gateway.conftest import MODEL, TOKEN, Engine, Gateway, GatewayFactory
 
@@ -237,3 +241,72 @@ def test_the_process_refuses_an_unknown_policy_or_no_token() -> None:
         timeout=30,
     )
     assert unknown.returncode == 2 and "unknown policy 'nope'" in unknown.stderr
+
+
+class RankedTools(AdmissionHalf):
+    """Admits everyone; the session's tools go at its ``ranks`` entry (a session not
+    in the table makes the half fail)."""
+
+    def __init__(self, ranks: dict[str, int]) -> None:
+        self.ranks = ranks
+
+    def tool_priority(self, session_id: str) -> int:
+        return self.ranks[session_id]
+
+
+class RankingTools(Policy):
+    name = "test-ranking-tools"
+
+    def __init__(self, ranks: dict[str, int]) -> None:
+        self.ranks = ranks
+
+    def admission(self) -> RankedTools:
+        return RankedTools(self.ranks)
+
+
+@contextlib.contextmanager
+def _ranking_gateway(engine: Engine, ranks: dict[str, int]) -> Iterator[Gateway]:
+    config = GatewayConfig(upstream_url=engine.url, token=TOKEN)
+    app = create_gateway_app(config, policy=RankingTools(ranks))
+    with serve_in_thread(app) as url:
+        yield Gateway(url, app)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", CHAT),
+        ("/v1/completions", {"model": MODEL, "prompt": "one two", "max_tokens": 2}),
+    ],
+)
+def test_every_answer_carries_the_sessions_tool_priority(
+    engine: Engine, path: str, body: dict[str, Any], stream: bool
+) -> None:
+    with _ranking_gateway(engine, {"s7": 7, "s-2": -2}) as gw:
+        for session, priority in (("s7", "7"), ("s-2", "-2")):
+            call = {**body, "stream": stream, "session_id": session}
+            response = httpx.post(f"{gw.url}{path}", json=call)
+            assert response.status_code == 200
+            assert response.headers["x-agentmars-tool-priority"] == priority
+
+
+def test_an_engine_error_carries_the_tool_priority_too(engine: Engine) -> None:
+    with _ranking_gateway(engine, {"s7": 7}) as gw:
+        response = httpx.post(
+            f"{gw.url}/v1/chat/completions", json={"model": MODEL, "session_id": "s7"}
+        )
+    assert response.status_code == 400
+    assert response.headers["x-agentmars-tool-priority"] == "7"
+
+
+def test_a_failing_tool_priority_says_0_and_the_call_still_ends(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    with _ranking_gateway(engine, {}) as gw:
+        response = httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "session_id": "s"})
+        assert response.status_code == 200
+        assert response.headers["x-agentmars-tool-priority"] == "0"
+        assert gw.kinds()[-1] == "llm_end"
+        assert gw.app.state.gateway.admission.admitted["s"].in_flight == 0
+    assert "tool_priority failed (policy test-ranking-tools)" in caplog.text

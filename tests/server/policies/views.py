@@ -115,6 +115,7 @@ class EngineData:
     tool_cores: int = 4
     tool_ema_s: Mapping[str, float] = field(default_factory=dict)
     costs: LinearCosts = LinearCosts()
+    has_costs: bool = True
 
     def pin_of(self, session_id: str) -> PinData | None:
         return next((pin for pin in self.pins if pin.session_id == session_id), None)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentmars.sdk.events import AnyEvent, KVStats, ToolStats
+from agentmars.sdk.events import AnyEvent, KVStats, ToolEnqueue, ToolStats
 from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.interface import AdmissionHalf, EngineHalf, Policy
 from agentmars.server.policies.registry import make_policy
@@ -488,3 +488,43 @@ def test_kv_figures_stay_consistent_when_pins_share_a_prefix() -> None:
     assert len(record.sessions) == 2
     assert any(stats.pins == 2 for stats in heard)
     assert all(stats.pinned_blocks <= stats.used_blocks for stats in heard)
+
+
+class ToolPriorityByName(AdmissionHalf):
+    """Admits everyone; ranks each session's tools by a fixed table."""
+
+    def __init__(self) -> None:
+        self.ranks = {"a": 0, "b": 5, "c": 1}
+        self.enqueued: list[tuple[str, int | None]] = []
+
+    def tool_priority(self, session_id: str) -> int:
+        return self.ranks[session_id]
+
+    def on_event(self, event: AnyEvent) -> None:
+        if isinstance(event, ToolEnqueue):
+            self.enqueued.append((event.session_id, event.priority))
+
+
+class RanksTools(Policy):
+    name = "test-ranks-tools"
+
+    def admission(self) -> ToolPriorityByName:
+        self.admission_half = ToolPriorityByName()
+        return self.admission_half
+
+
+def test_the_host_admits_queued_tools_by_the_admission_halfs_priority() -> None:
+    # One tool slot. The three calls (20 tokens, 1 output token each) run in one step
+    # and end at 10 ms, queueing their 1 s tools in order a, b, c: a takes the slot,
+    # then c (priority 1) before b (priority 5) though b queued first.
+    policy = RanksTools()
+    specs = [session(name, [(20, 1, 1.0), (4, 1, None)]) for name in "abc"]
+    record = SimEngine(workload(*specs), policy, flat_profile(), SimConfig(tool_slots=1)).run()
+    starts = {s.session_id: s.tools[0].start_s for s in record.sessions}
+    assert starts == {
+        "a": pytest.approx(STEP_S),
+        "c": pytest.approx(STEP_S + 1.0),
+        "b": pytest.approx(STEP_S + 2.0),
+    }
+    # The priority is in the tool_enqueue events too, as the sandbox pool reports it.
+    assert policy.admission_half.enqueued == [("a", 0), ("b", 5), ("c", 1)]

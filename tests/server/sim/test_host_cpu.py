@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import pytest
 
 from agentmars.server.sim.host_cpu import HostCPU
@@ -21,3 +23,34 @@ def test_a_tool_that_asks_for_no_core_is_not_slowed_by_oversubscribed_cores() ->
     # The two core-bound tools went at half speed meanwhile: 0.5 s of work left each.
     assert host.next_finish() == (pytest.approx(2.0), "a")
     assert host.busy_core_s == pytest.approx(1.0)
+
+
+def _one_slot_host_running(key: str) -> HostCPU:
+    host = HostCPU(cores=4, slots=1)
+    assert host.submit(key, ToolSpec(kind="bash", wall_s=1.0, cpu_s=1.0))
+    return host
+
+
+def _start_order(host: HostCPU, running: Hashable) -> list[Hashable]:
+    """Finish the running tool, then each that takes its slot, in turn."""
+    order: list[Hashable] = []
+    while started := host.finish(running):
+        (running,) = started
+        order.append(running)
+    return order
+
+
+def test_queued_tools_take_a_free_slot_lowest_priority_first() -> None:
+    host = _one_slot_host_running("running")
+    for key, priority in (("p5", 5), ("p1", 1), ("p3", 3)):
+        assert not host.submit(key, ToolSpec(kind="bash", wall_s=1.0), priority)
+    assert host.queued == 3
+    assert _start_order(host, "running") == ["p1", "p3", "p5"]
+    assert host.queued == 0
+
+
+def test_queued_tools_of_one_priority_start_in_arrival_order() -> None:
+    host = _one_slot_host_running("running")
+    for key, priority in (("a", 2), ("b", 0), ("c", 2), ("d", 0), ("e", 2)):
+        host.submit(key, ToolSpec(kind="bash", wall_s=1.0), priority)
+    assert _start_order(host, "running") == ["b", "d", "a", "c", "e"]

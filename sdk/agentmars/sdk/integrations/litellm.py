@@ -13,6 +13,10 @@ cannot change the outgoing request outside the LiteLLM proxy.
 for the wrappers, for code that calls them through the module; code that bound
 the functions earlier (``from litellm import completion``) should call these
 wrappers instead.
+
+The gateway's tool priority (``request.remember_tool_priority``) is read from the
+answer's ``_hidden_params["additional_headers"]``, where LiteLLM keeps the
+provider's headers (prefixed ``llm_provider-``), of a whole answer and a stream alike.
 """
 
 from __future__ import annotations
@@ -28,7 +32,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import litellm
 
-from agentmars.sdk.integrations.request import recorded_acall, recorded_call
+from agentmars.sdk.integrations.request import (
+    recorded_acall,
+    recorded_call,
+    remember_tool_priority,
+)
 
 _ORIGINAL_COMPLETION: Callable[..., Any] = litellm.completion
 _ORIGINAL_ACOMPLETION: Callable[..., Any] = litellm.acompletion
@@ -41,16 +49,36 @@ def _named(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**dict(zip(("model", "messages"), args, strict=False)), **kwargs}
 
 
+def _provider_headers(response: Any) -> dict[str, str]:
+    hidden = getattr(response, "_hidden_params", None)
+    headers = hidden.get("additional_headers") if isinstance(hidden, dict) else None
+    if not isinstance(headers, dict):
+        return {}
+    return {str(k).removeprefix("llm_provider-"): v for k, v in headers.items()}
+
+
+def _create(**kwargs: Any) -> Any:
+    response = _ORIGINAL_COMPLETION(**kwargs)
+    remember_tool_priority(_provider_headers(response))
+    return response
+
+
+async def _acreate(**kwargs: Any) -> Any:
+    response = await _ORIGINAL_ACOMPLETION(**kwargs)
+    remember_tool_priority(_provider_headers(response))
+    return response
+
+
 @functools.wraps(_ORIGINAL_COMPLETION)
 def completion(*args: Any, **kwargs: Any) -> Any:
     """``litellm.completion`` with session metadata and boundary events."""
-    return recorded_call(_ORIGINAL_COMPLETION, _named(args, kwargs), "chat", _is_stream)
+    return recorded_call(_create, _named(args, kwargs), "chat", _is_stream)
 
 
 @functools.wraps(_ORIGINAL_ACOMPLETION)
 async def acompletion(*args: Any, **kwargs: Any) -> Any:
     """``litellm.acompletion`` with session metadata and boundary events."""
-    return await recorded_acall(_ORIGINAL_ACOMPLETION, _named(args, kwargs), "chat", _is_stream)
+    return await recorded_acall(_acreate, _named(args, kwargs), "chat", _is_stream)
 
 
 def _is_stream(response: Any) -> bool:

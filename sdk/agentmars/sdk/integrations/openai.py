@@ -5,7 +5,10 @@ every call made inside an agentmars session carries the session metadata
 (``request.begin_call``) and records submit and end; streams are returned
 wrapped so the first token and the end are recorded as the caller reads them
 (a whole response shows no first-token time to the client, so none is emitted).
-Calls outside a session pass through untouched.
+Calls outside a session pass through untouched. The patched ``create`` goes through
+openai's raw-response wrapper (its documented way to an answer's headers) and keeps
+the gateway's tool priority for the session (``request.remember_tool_priority``);
+the caller gets the parsed answer, as from ``create``.
 """
 
 from __future__ import annotations
@@ -16,22 +19,47 @@ from typing import Any, TypeVar
 
 import openai
 
-from agentmars.sdk.integrations.request import Operation, recorded_acall, recorded_call
+from agentmars.sdk.integrations.request import (
+    Operation,
+    recorded_acall,
+    recorded_call,
+    remember_tool_priority,
+)
 
 Client = TypeVar("Client", openai.OpenAI, openai.AsyncOpenAI)
 _MARK = "_agentmars_instrumented"
 
 
-def _wrap_sync(create: Callable[..., Any], operation: Operation) -> Any:
-    @functools.wraps(create)
+def _raw_create(resource: Any) -> Callable[..., Any]:
+    """``resource.with_raw_response.create`` around the unpatched ``create``, built
+    afresh: the resource's own cached ``with_raw_response`` is left alone."""
+    return type(resource).with_raw_response.func(resource).create  # type: ignore[no-any-return]
+
+
+def _wrap_sync(resource: Any, operation: Operation) -> Any:
+    raw_create = _raw_create(resource)
+
+    def create(**kwargs: Any) -> Any:
+        answer = raw_create(**kwargs)
+        remember_tool_priority(answer.headers)
+        return answer.parse()
+
+    @functools.wraps(resource.create)
     def recorded_create(**kwargs: Any) -> Any:  # the client's create() is keyword-only
         return recorded_call(create, kwargs, operation, _is_stream)
 
     return recorded_create
 
 
-def _wrap_async(create: Callable[..., Any], operation: Operation) -> Any:
-    @functools.wraps(create)
+def _wrap_async(resource: Any, operation: Operation) -> Any:
+    raw_create = _raw_create(resource)
+
+    async def create(**kwargs: Any) -> Any:
+        answer = await raw_create(**kwargs)
+        remember_tool_priority(answer.headers)
+        return answer.parse()
+
+    @functools.wraps(resource.create)
     async def recorded_create(**kwargs: Any) -> Any:
         return await recorded_acall(create, kwargs, operation, _is_stream)
 
@@ -54,7 +82,7 @@ def instrument_openai(client: Client) -> Client:
         return client
     wrap = _wrap_async if isinstance(client, openai.AsyncOpenAI) else _wrap_sync
     chat, text = client.chat.completions, client.completions
-    chat.create = wrap(chat.create, "chat")  # type: ignore[method-assign]
-    text.create = wrap(text.create, "text_completion")  # type: ignore[method-assign]
+    chat.create = wrap(chat, "chat")  # type: ignore[method-assign]
+    text.create = wrap(text, "text_completion")  # type: ignore[method-assign]
     setattr(client, _MARK, True)
     return client

@@ -15,11 +15,17 @@ the ``hints`` block's ``next_tool`` and ``expected_tool_s``. Other values the
 caller already put in ``vllm_xargs`` are kept, and so is a hint the caller gave
 a call there itself (it is more specific than a session's or a block's); the
 ids and markers are always the SDK's, so the wire and the events agree.
+
+The other way, the gateway answers with header ``X-Agentmars-Tool-Priority``: where
+the session's tool calls go in the sandbox pool's queue (the policy's CPU side).
+``remember_tool_priority`` keeps the newest for the current session, and its
+``ToolCall``s take it when the caller gives no priority.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -31,6 +37,11 @@ from agentmars.sdk.session import current_session
 Operation = Literal["chat", "text_completion"]
 IsStream = Callable[[Any], bool]
 SESSION_HEADER = "X-Session-ID"
+TOOL_PRIORITY_HEADER = "X-Agentmars-Tool-Priority"
+TOOL_PRIORITY_BOUNDS = (-(2**31), 2**31 - 1)
+"""The sandbox pool's (``agentmars.sandbox.admission``), so a remembered priority
+always goes to the pool as it is."""
+_INTEGER = re.compile(r"[+-]?[0-9]{1,19}")
 CHARS_PER_TOKEN = 4
 """Client-side prompt projection (our choice: ~4 characters per token for
 English and code with BPE tokenizers); the gateway replaces it with the
@@ -46,6 +57,30 @@ def project_prompt_tokens(kwargs: Mapping[str, Any]) -> int | None:
     else:
         return None
     return max(1, len(text) // CHARS_PER_TOKEN)
+
+
+def tool_priority_of(headers: Mapping[str, str] | None) -> int | None:
+    """The tool priority an answer's headers carry (any case of the header's name);
+    None without one, 0 for a value that is not an integer within the sandbox pool's
+    bounds (the gateway's word is advice: a garbled one must not fail the agent)."""
+    wanted = TOOL_PRIORITY_HEADER.lower()
+    value = next((v for k, v in (headers or {}).items() if k.lower() == wanted), None)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _INTEGER.fullmatch(value.strip()):
+        return 0
+    low, high = TOOL_PRIORITY_BOUNDS
+    priority = int(value)
+    return priority if low <= priority <= high else 0
+
+
+def remember_tool_priority(headers: Mapping[str, str] | None) -> None:
+    """Keep the tool priority of an LLM answer's ``headers`` for the current session
+    (nothing without a session or a priority)."""
+    session = current_session()
+    priority = tool_priority_of(headers)
+    if session is not None and priority is not None:
+        session.tool_priority = priority
 
 
 def _last_role(messages: Any) -> str | None:

@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agentmars.sdk.events import MAX_COUNT, AnyEvent
 from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard, guarded_server
+from agentmars.sdk.integrations.request import TOOL_PRIORITY_HEADER
 from agentmars.server.gateway.admission import Admission
 from agentmars.server.gateway.call_meta import BadRequest, CallMeta, call_metadata
 from agentmars.server.gateway.events import CallRecorder, CallStatus, stream_router
@@ -262,20 +263,37 @@ async def _forward(
     except GatewayError as exc:
         done("error", exc.message)
         raise
+    headers = {TOOL_PRIORITY_HEADER: str(_tool_priority(gateway, meta))}
     if answer is None:
         return ClosingStreamingResponse(
             relay(response, recorder, done),
             status_code=response.status,
+            headers=headers,
             media_type=response.headers.get("content-type", "text/event-stream"),
         )
     if answer.status >= 400:
         done("error", answer.content.decode(errors="replace")[:500])
-        return upstream_error(answer)
+        error = upstream_error(answer)
+        error.headers.update(headers)
+        return error
     # A success body that is not a JSON object still reaches the client as it came.
     with contextlib.suppress(ValueError, AttributeError):
         recorder.observe(json.loads(answer.content), chunk=False)
     done("ok", None)
-    return Response(answer.content, status_code=answer.status, media_type="application/json")
+    return Response(
+        answer.content, status_code=answer.status, headers=headers, media_type="application/json"
+    )
+
+
+def _tool_priority(gateway: Gateway, meta: CallMeta) -> int:
+    """The admission half's priority for the session's tool calls, for the client to
+    pass to the sandbox pool (0, FIFO, when the policy fails: the answer must still
+    reach the client, and its call must still end)."""
+    try:
+        return int(gateway.admission.half.tool_priority(meta.session_id))
+    except Exception:
+        log.exception("agentmars tool_priority failed (policy %s)", gateway.admission.policy_name)
+        return 0
 
 
 def _body_schema(required: str) -> dict[str, Any]:

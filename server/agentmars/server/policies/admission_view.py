@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agentmars.sdk.events import AnyEvent, KVStats
+from agentmars.sdk.events import AnyEvent, KVStats, LLMEnd, LLMFirstToken, SessionEnd
 from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
 
 
@@ -57,3 +57,29 @@ class StreamAdmissionView(FollowsTools):
     def runs_tools(self, session_id: str) -> bool:
         """The session has a tool call queued or running."""
         return self.tools.runs_tools(session_id)
+
+
+class UnstartedPrompts:
+    """The prompts of admitted sessions whose call has not started yet (no first token
+    and no end): they hold no blocks in the KV figures, so an admission half that fits
+    prompts into the free KV counts them against it. NOTE: ours — the figures are
+    sampled, so a prompt that started since the last sample is counted in neither for
+    that moment."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, int] = {}
+        self.tokens = 0
+
+    def add(self, session_id: str, tokens: int) -> None:
+        """A session admitted with this prompt (one admitted again starts afresh)."""
+        self.started(session_id)
+        self._by_session[session_id] = tokens
+        self.tokens += tokens
+
+    def started(self, session_id: str) -> None:
+        self.tokens -= self._by_session.pop(session_id, 0)
+
+    def observe(self, event: AnyEvent) -> None:
+        # A call answered whole has no first token: its end says it ran.
+        if isinstance(event, LLMFirstToken | LLMEnd | SessionEnd):
+            self.started(event.session_id)

@@ -112,6 +112,13 @@ class AdmissionHalf(_Half):
         """Sessions to admit now, in order (a prefix of a reordering of ``queue``)."""
         return queue
 
+    def tool_priority(self, session_id: str) -> int:
+        """Where the session's queued tool calls go in the sandbox pool's queue (lower
+        first; ties FIFO): the CPU side of co-scheduling. The gateway sends it with
+        each answer (``X-Agentmars-Tool-Priority``) for the client to pass to the pool;
+        the simulator's host orders its tool queue by it. The default keeps FIFO."""
+        return 0
+
 
 class EngineHalf(_Half):
     """The internal scheduler; the defaults are stock vLLM V1's (module docstring)."""
@@ -125,12 +132,19 @@ class EngineHalf(_Half):
     offloading connector does; else the tier only holds what the policy sends there."""
     reserve_full_prompt: bool = True
     """Admit a waiting call only if blocks for its whole remaining prompt are free now
-    (vLLM 0.32's ``scheduler_reserve_full_isl``); else ``chunk`` decides alone."""
+    (vLLM 0.32's ``scheduler_reserve_full_isl``), unless ``may_start_partial`` lets it
+    start on what fits; False: ``chunk`` decides alone for every call."""
     priority_reads_pins_only: ClassVar[bool] = False
     """``priority`` reads only the call and which sessions hold pins (nothing else that
     changes while a call waits), so an engine may keep the waiting order until the
     queue or the pins change (the vLLM plugin does: sorting at every step is a tenth
     of ``schedule()``); else it asks again at every step."""
+
+    priority_refresh_s: ClassVar[float | None] = None
+    """``priority`` also changes with time, but slowly (e.g. a promotion per tens of
+    seconds waited): an engine may keep a waiting call's key as with
+    ``priority_reads_pins_only`` for at most this long (the vLLM plugin does; the
+    simulator asks at every step)."""
 
     def priority(self, call: CallView, view: EngineView) -> SortKey:
         """Sort key of a waiting call: lower runs first; ties go to the earlier call."""
@@ -142,6 +156,12 @@ class EngineHalf(_Half):
         more than ``fit_tokens`` lets the engine reclaim pins or preempt to make room;
         returning 0 skips the call in this step."""
         return tokens
+
+    def may_start_partial(self, call: CallView, view: EngineView) -> bool:
+        """Whether a waiting call whose whole remaining prompt does not fit the free
+        blocks may start now on the chunk that does (``chunk`` sizes it); asked only
+        when ``reserve_full_prompt``."""
+        return False
 
     def victim(self, running: Sequence[CallView], view: EngineView) -> CallView:
         """The running call to preempt (``running`` in the engine's order)."""

@@ -20,6 +20,7 @@ POLICY_MODULES = (
     "agentmars.server.policies.continuum",
     "agentmars.server.policies.thunderagent",
     "agentmars.server.policies.vtc",
+    "agentmars.server.policies.mars",
 )
 
 _registry: dict[str, type[Policy]] = {}
@@ -51,8 +52,32 @@ def policy_names() -> list[str]:
     return sorted(_registry)
 
 
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``NAME`` or ``NAME:SETTING=VALUE:...`` (e.g. ``mars:aimd_beta=0.7``, as
+    ``--policies`` takes it): the name and the settings, numbers read as numbers."""
+    name, *pairs = spec.split(":")
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"policy {spec!r}: settings are NAME=VALUE, got {pair!r}")
+        settings[key] = _number(text)
+    return name, settings
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def policy_class(name: str) -> type[Policy]:
+    """The class of a registered name (or of a ``NAME:SETTING=VALUE`` spec)."""
     _load_all()
+    name = name.split(":", 1)[0]
     try:
         return _registry[name]
     except KeyError:
@@ -60,8 +85,11 @@ def policy_class(name: str) -> type[Policy]:
 
 
 def make_policy(name: str, **settings: Any) -> Policy:
-    """A fresh policy object; ``settings`` are its constructor's keyword arguments
-    (a clear error names the ones it does not take)."""
+    """A fresh policy object; ``name`` may carry settings (``parse_spec``); ``settings``
+    are its constructor's keyword arguments (a clear error names the ones it does not
+    take)."""
+    name, given = parse_spec(name)
+    settings = {**given, **settings}
     cls = policy_class(name)
     accepted = set(inspect.signature(cls).parameters)
     unknown = sorted(set(settings) - accepted)

@@ -7,14 +7,13 @@ from collections.abc import Sequence
 
 from agentmars.sdk.events import (
     AnyEvent,
-    LLMEnd,
-    LLMFirstToken,
     SessionEnd,
     SessionPause,
     SessionResume,
     ToolEnd,
     ToolStart,
 )
+from agentmars.server.policies.admission_view import UnstartedPrompts
 from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.interface import (
     AdmissionHalf,
@@ -49,9 +48,7 @@ class ThunderAgent(Policy):
     engine publishes each pause and resume; the admission half holds new programs while
     the stream says a program is paused, and fits their prompts into the free KV of
     the newest ``kv_stats`` figures, less the prompts it admitted that have not started
-    yet (no first token or end: they hold no blocks in the figures). NOTE: ours — the
-    figures are sampled, so a prompt that started since the last sample is counted in
-    neither for that moment. A prompt larger than the whole KV cache can never fit: it
+    yet (``UnstartedPrompts``). A prompt larger than the whole KV cache can never fit: it
     is let through at once (the engine refuses it with its own 4xx), not held at the
     head of the queue, where every later program would wait behind it for good."""
 
@@ -80,30 +77,20 @@ class ThunderAgentAdmission(AdmissionHalf):
 
     def __init__(self) -> None:
         self._paused: set[str] = set()
-        self._not_started: dict[str, int] = {}
-        """Admitted programs whose first call has no first token yet, and its prompt."""
-        self._not_started_tokens = 0
+        self._unstarted = UnstartedPrompts()
 
     def on_event(self, event: AnyEvent) -> None:
+        self._unstarted.observe(event)
         if isinstance(event, SessionPause):
             self._paused.add(event.session_id)
-        elif isinstance(event, SessionResume):
+        elif isinstance(event, SessionResume | SessionEnd):
             self._paused.discard(event.session_id)
-        elif isinstance(event, SessionEnd):
-            self._paused.discard(event.session_id)
-            self._started(event.session_id)
-        elif isinstance(event, LLMFirstToken | LLMEnd):
-            # A call answered whole has no first token: its end says it ran.
-            self._started(event.session_id)
-
-    def _started(self, session_id: str) -> None:
-        self._not_started_tokens -= self._not_started.pop(session_id, 0)
 
     def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:
         if self._paused or view.kv is None:
             return ()
         capacity = view.kv.total_blocks * view.block_size
-        room = view.kv.free_blocks * view.block_size - self._not_started_tokens
+        room = view.kv.free_blocks * view.block_size - self._unstarted.tokens
         admitted = []
         for session in queue:
             if session.prompt_tokens > capacity:
@@ -112,9 +99,7 @@ class ThunderAgentAdmission(AdmissionHalf):
             if session.prompt_tokens > room:
                 break
             room -= session.prompt_tokens
-            self._started(session.session_id)  # a program admitted again starts afresh
-            self._not_started[session.session_id] = session.prompt_tokens
-            self._not_started_tokens += session.prompt_tokens
+            self._unstarted.add(session.session_id, session.prompt_tokens)
             admitted.append(session)
         return admitted
 

@@ -184,9 +184,13 @@ class EngineView(ToolFigures, Protocol):
         ...
 
     @property
+    def has_costs(self) -> bool:
+        """Whether ``costs`` may be asked (a half that only ``uses`` COSTS checks)."""
+
+    @property
     def costs(self) -> CostEstimator:
         """Only for a policy that needs ``Capability.COSTS`` (an engine without a cost
-        model refuses such a policy at start)."""
+        model refuses such a policy at start) or uses it and sees ``has_costs``."""
 
     def blocks_for(self, tokens: int) -> int:
         """KV blocks that ``tokens`` tokens of context occupy."""

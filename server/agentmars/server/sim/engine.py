@@ -571,17 +571,21 @@ class SimEngine(KVEngineView, FollowsTools):
         record = ToolRecord(session.turn, tool.kind, self.now, self.now, self.now)
         session.record.tools.append(record)
         self._tools[session.session_id] = (session, record)
+        # The CPU side of co-scheduling: the client passes the gateway's priority on to
+        # the sandbox pool (docs/gateway.md), here the host asks the half directly.
+        priority = self.admission.tool_priority(session.session_id)
         self._emit(
             ToolEnqueue(
                 session_id=session.session_id,
                 call_id=self._tool_call_id(session),
                 turn=session.turn,
                 tool=tool.kind,
+                priority=priority,
                 **self.stamp(),
             )
         )
         self.host.advance(self.now)
-        if self.host.submit(session.session_id, tool):
+        if self.host.submit(session.session_id, tool, priority):
             self._tool_started(session.session_id)
         self._emit_tool_stats()
         self._plan_tool_finish()

@@ -82,6 +82,10 @@ class KVEngineView:
         return self.kv.pins.get(session_id)
 
     @property
+    def has_costs(self) -> bool:
+        return True
+
+    @property
     def costs(self) -> CostEstimator:
         return self.cost
 

@@ -6,12 +6,14 @@ more, the cores are shared in proportion to what each asks for, so every tool sl
 by the same factor ``cores / demand`` (processor sharing; ours — seed 000 only says
 the tools contend for host CPUs). A tool that asks for no CPU (it waits on something
 remote) never slows. With ``slots``, at most that many tools run at once and the rest
-queue in arrival order, as in the sandbox pool.
+queue as in the sandbox pool: by priority (lower first; the admission half's
+``tool_priority``), in arrival order within one.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
+import itertools
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -35,7 +37,10 @@ class HostCPU:
         self.slots = slots
         self.busy_core_s = 0.0
         self._running: dict[Hashable, _Running] = {}
-        self._queue: deque[tuple[Hashable, ToolSpec]] = deque()
+        # (priority, arrival number, key, spec): the arrival number keeps FIFO among
+        # equal priorities and spares comparing keys.
+        self._queue: list[tuple[int, int, Hashable, ToolSpec]] = []
+        self._arrivals = itertools.count()
         self._now = 0.0
 
     @property
@@ -69,10 +74,11 @@ class HostCPU:
             self.busy_core_s += elapsed * shared * self._demand()
         self._now = now
 
-    def submit(self, key: Hashable, spec: ToolSpec) -> bool:
-        """Start the tool (True) or queue it for a slot (False). Call ``advance`` first."""
+    def submit(self, key: Hashable, spec: ToolSpec, priority: int = 0) -> bool:
+        """Start the tool (True) or queue it for a slot (False), ahead of the queued
+        tools of higher ``priority``. Call ``advance`` first."""
         if self.slots is not None and len(self._running) >= self.slots:
-            self._queue.append((key, spec))
+            heapq.heappush(self._queue, (priority, next(self._arrivals), key, spec))
             return False
         self._running[key] = _Running(spec, spec.wall_s)
         return True
@@ -96,7 +102,7 @@ class HostCPU:
         del self._running[key]
         started = []
         while self._queue and (self.slots is None or len(self._running) < self.slots):
-            next_key, spec = self._queue.popleft()
+            _, _, next_key, spec = heapq.heappop(self._queue)
             self._running[next_key] = _Running(spec, spec.wall_s)
             started.append(next_key)
         return started

@@ -182,7 +182,9 @@ class Scheduler:
         tokens = 0 if prefix.cpu_blocks else min(call.num_tokens - computed, budget)
         if self.policy.reserve_full_prompt:
             whole = self.kv.blocks_to_allocate(prefix, call.num_tokens - computed)
-            if not self._room_for(whole, call):
+            if not self._room_for(whole, call) and not self.policy.may_start_partial(
+                call, self.view
+            ):
                 return None
         if tokens:
             fit = (self.kv.pool.num_free - prefix.free_gpu_blocks) * self.kv.block_size

@@ -22,7 +22,7 @@ from pydantic import JsonValue
 from agentmars.server.metrics.records import RunRecord, SessionRecord
 from agentmars.server.metrics.results import RunResult, SweepResult
 from agentmars.server.metrics.summary import summarize
-from agentmars.server.policies.registry import UnknownPolicy, make_policy, policy_class
+from agentmars.server.policies.registry import make_policy
 from agentmars.server.profiles.cost_model import Profile, load_profile
 from agentmars.server.sim.engine import SimConfig, SimEngine, isolated_sessions
 from agentmars.server.workloads.files import load_workload
@@ -66,8 +66,8 @@ class SweepPlan:
             raise SweepError("sessions must be at least 1")
         for name in self.policies:
             try:
-                policy_class(name)
-            except UnknownPolicy as error:
+                make_policy(name)
+            except ValueError as error:  # unknown, or settings it does not take
                 raise SweepError(str(error)) from None
 
     def points(self) -> list[tuple[str, float | None]]:
@@ -104,7 +104,10 @@ def context_limit(profile: Profile, config: SimConfig) -> int:
 
 
 def run_policy(workload: Workload, policy: str, profile: Profile, config: SimConfig) -> RunRecord:
-    return SimEngine(workload, make_policy(policy), profile, config).run()
+    """One run, labelled as asked (``mars:aimd_beta=0.7`` stays apart from ``mars``)."""
+    record = SimEngine(workload, make_policy(policy), profile, config).run()
+    record.policy = policy
+    return record
 
 
 def run_sweep(

@@ -82,14 +82,14 @@ def test_both_schedulers_finish_every_call_with_the_same_tokens(
     # ignore_eos: every call generates exactly its max_tokens.
     sessions = build_sessions(QueueShape(sessions=6, turns=3))
     expected_tokens = sum(call.max_tokens for calls in sessions for call in calls)
-    assert set(figures["schedulers"]) == {"stock", "fcfs", "continuum"}
+    assert set(figures["schedulers"]) == {"stock", "fcfs", "continuum", "mars"}
     for name, row in figures["schedulers"].items():
         assert (row["calls_finished"], row["output_tokens"]) == (18, expected_tokens), name
         assert row["schedule"]["calls"] == row["steps_per_run"] > 0
         assert row["schedule"]["p50_us"] > 0
     assert figures["same_tokens"] is True
     ratios = figures["schedule_ratio_to_stock"]
-    assert set(ratios) == {"fcfs", "continuum"}
+    assert set(ratios) == {"fcfs", "continuum", "mars"}
     assert all(r["p50"] > 0 and r["mean"] > 0 and r["per_run"] > 0 for r in ratios.values())
 
 

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-PLUGIN_POLICIES = ("fcfs", "continuum")
+PLUGIN_POLICIES = ("fcfs", "continuum", "mars")
 """The policies the plugin runs in the benchmark (stock vLLM is the baseline)."""
 STOCK = "stock"
 MAX_IDLE_STEPS = 100

@@ -22,7 +22,9 @@ changes:
   ``reset_prefix_cache()`` and on ``shutdown()``. An aborted or failed call drops its
   session's pin.
 - Chunk size: ``_reserve_prefill_lookahead`` caps a prompt's chunk by the policy's
-  ``chunk``.
+  ``chunk``; for a waiting call whose whole prompt does not fit, it also sets vLLM's
+  ``scheduler_reserve_full_isl`` (read by the allocation that follows) from the
+  policy's ``may_start_partial``, so the call may start on the blocks that fit.
 - Preemption victim: the policy's ``victim`` is put where vLLM's FCFS preemption takes
   it (``preemption``).
 - Ticks and pauses: a policy's ``tick`` runs at the top of ``schedule()`` when due,
@@ -87,6 +89,9 @@ logger = logging.getLogger("vllm.agentmars.plugin")
 NORMAL_ENDS = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
 """Finished calls whose session goes on (aborted, ignored or failed calls do not pin)."""
 
+WAITING_STATES = frozenset({RequestStatus.WAITING, RequestStatus.PREEMPTED})
+"""Calls in vLLM's waiting loop (the ones ``scheduler_reserve_full_isl`` applies to)."""
+
 ARRIVAL_ORDER = operator.attrgetter("arrival_time", "request_id")
 """The waiting order under the default ``Policy.priority``."""
 
@@ -146,9 +151,15 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         self._arrival_order = policy.priority is EngineHalf.priority
         # A priority that reads only the call and the pins is kept per waiting call
         # (with its session) until that session's pin changes.
-        self._keep_keys = policy.priority_reads_pins_only
+        self._keep_keys = policy.priority_reads_pins_only or bool(policy.priority_refresh_s)
         self._keys: dict[str, tuple[str, Any]] = {}
-        if policy.chunk is EngineHalf.chunk:
+        self._keys_refreshed_s = time.monotonic()
+        # A policy that lets a waiting call start on less than its whole prompt says
+        # so per call, where vLLM is about to allocate with scheduler_reserve_full_isl.
+        self._partial_starts = policy.may_start_partial is not EngineHalf.may_start_partial
+        if not self.agentmars_policy.reserve_full_prompt:
+            self.scheduler_reserve_full_isl = False
+        if policy.chunk is EngineHalf.chunk and not self._partial_starts:
             self._reserve_prefill_lookahead = super()._reserve_prefill_lookahead  # type: ignore[method-assign]
         # The default victim is the last running call, the one vLLM takes anyway.
         self._steers_victims = policy.victim is not EngineHalf.victim
@@ -328,7 +339,12 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         return keys
 
     def _forget_changed_keys(self) -> None:
-        """Drop the kept keys of the sessions whose pin changed since the last step."""
+        """Drop the kept keys of the sessions whose pin changed since the last step,
+        and all of them every ``priority_refresh_s``."""
+        refresh = self.agentmars_policy.priority_refresh_s
+        if refresh and time.monotonic() - self._keys_refreshed_s >= refresh:
+            self._keys = {}
+            self._keys_refreshed_s = time.monotonic()
         changed = self.pin_table.changed
         if changed:
             if self._keys:
@@ -344,6 +360,9 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         tokens: int = super()._reserve_prefill_lookahead(
             request, num_computed_tokens, num_new_tokens
         )
+        if self._partial_starts and request.status in WAITING_STATES:
+            # Set for every waiting call, so none inherits the previous one's answer.
+            self.scheduler_reserve_full_isl = self._reserve_full(request, tokens)
         if tokens == 0 or num_computed_tokens >= request.num_prompt_tokens:
             return tokens
         view = self.engine_view
@@ -354,6 +373,25 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         fit = max(room + view.free_blocks * self.block_size, 0)
         chunk = self.agentmars_policy.chunk(view.call(request), tokens, fit, view)
         return max(0, min(tokens, chunk))
+
+    def _reserve_full(self, request: Any, tokens: int) -> bool:
+        """Whether vLLM must find blocks for the whole prompt before the call starts:
+        not if the policy never asks for it; yes when they are free (vLLM's own check
+        then passes); else unless the policy lets this call start on what fits.
+        NOTE: the count takes every block of the prompt but its session's pinned ones
+        (referenced, so they take no free block), where vLLM's own count also leaves
+        out other referenced cached blocks: it may ask the policy about a call vLLM
+        would have let in whole, never the other way round."""
+        policy, view = self.agentmars_policy, self.engine_view
+        if not policy.reserve_full_prompt:
+            return False
+        if tokens == 0:
+            return True
+        pin = view.pin_of(session_of(request) or "")
+        needed = view.blocks_for(request.num_tokens) - (pin.blocks if pin is not None else 0)
+        if needed <= view.free_blocks:
+            return True
+        return not policy.may_start_partial(view.call(request), view)
 
     def update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         with self._lock:

@@ -251,10 +251,14 @@ class SchedulerView(FollowsTools):
         return 0
 
     @property
+    def has_costs(self) -> bool:
+        return self._costs is not None
+
+    @property
     def costs(self) -> CostEstimator:
         # Only policies that need Capability.COSTS ask, and those are refused at start
         # without a profile.
-        assert self._costs is not None, "a policy asked for costs it did not declare"
+        assert self._costs is not None, "a policy asked for costs it did not declare or check"
         return self._costs
 
     def blocks_for(self, tokens: int) -> int:

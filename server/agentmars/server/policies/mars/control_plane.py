@@ -1,0 +1,178 @@
+"""MARS's External Control Plane, the admission half (seed 000 §4.2, Algorithm 1):
+BalanceAndAdmit = PackQueue (``pack_queue``), then UpdateWindow (``window``), then
+admit ``limit - active`` sessions from the front of the packed queue.
+
+It reads only the stream (docs/policies.md): the engine's sampled ``kv_stats``, the
+tool figures (active and queued tools, durations), and the LLM calls' boundaries
+(their projected and actual KV, for the KV limit; their duration, for the CPU
+limit). Every change of the admission limit it works out at a
+control update is a ``window_update`` event, which the gateway's ``/metrics`` shows
+as ``agentmars_window``.
+
+The CPU side of co-scheduling: ``tool_priority`` ranks a session's queued tool calls
+in the sandbox pool as PackQueue ranks sessions. NOTE: ours — seed 000 throttles tools
+only through admission (fewer sessions admitted under CPU overload); ordering the
+pool's queue the same way is this project's addition.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from agentmars.sdk.events import AnyEvent, LLMEnd, LLMSubmit, SessionEnd, ToolEnd, WindowUpdate
+from agentmars.sdk.tool_stats import ToolDurations
+from agentmars.server.policies.capabilities import Capability
+from agentmars.server.policies.interface import AdmissionHalf
+from agentmars.server.policies.mars.pack_queue import pack_mode, pack_queue, tool_rank
+from agentmars.server.policies.mars.settings import MarsSettings
+from agentmars.server.policies.mars.window import (
+    AdmissionWindow,
+    Pressure,
+    cpu_limit,
+    kv_limit,
+    soft_cap_share,
+)
+from agentmars.server.policies.views import AdmissionView, SessionView
+
+ALL_TOOLS = "*"
+
+
+class MarsControlPlane(AdmissionHalf):
+    needs = frozenset({Capability.KV_FIGURES, Capability.TOOL_FIGURES})
+
+    def __init__(self, settings: MarsSettings) -> None:
+        self.settings = settings
+        self.control_interval_s = settings.control_interval_s
+        self.window = AdmissionWindow(settings)
+        self.limit: float = math.inf
+        """The newest admission limit: min(W_adm, W_cpu, W_kv)."""
+        self.published: int | None = None
+        self._durations = ToolDurations()
+        """EMAs of every tool's duration (kind ``*``) and every LLM call's (``llm``)."""
+        self._footprint: dict[str, int] = {}
+        """Each admitted session's newest projected KV, in blocks."""
+        self.working_set = 0
+        """The admitted sessions' projected KV together, in blocks."""
+        self._cpu_overloaded = False
+        self._block_size = 1
+
+    def on_event(self, event: AnyEvent) -> None:
+        if isinstance(event, ToolEnd):
+            self._durations.record(ALL_TOOLS, event.duration_s)
+        elif isinstance(event, LLMEnd) and event.status == "ok":
+            self._durations.record("llm", event.duration_s)
+            tokens = (event.prompt_tokens or 0) + (event.output_tokens or 0)
+            self._project(event.session_id, tokens)
+        elif isinstance(event, LLMSubmit) and event.projected_prompt_tokens is not None:
+            tokens = event.projected_prompt_tokens + (event.max_tokens or 0)
+            self._project(event.session_id, tokens)
+        elif isinstance(event, SessionEnd):
+            self.working_set -= self._footprint.pop(event.session_id, 0)
+
+    def _project(self, session_id: str, tokens: int) -> None:
+        """The session's projected KV (gpu_submit's projection, gpu_end's actual);
+        only admitted sessions count."""
+        if session_id in self._footprint:
+            blocks = -(-tokens // self._block_size)
+            self.working_set += blocks - self._footprint[session_id]
+            self._footprint[session_id] = blocks
+
+    # --- the telemetry --------------------------------------------------------------------
+
+    def cpu_overloaded(self, view: AdmissionView) -> bool:
+        ratio = self.settings.cpu_overload_ratio
+        return view.queued_tools > 0 or view.active_tools > view.tool_cores * ratio
+
+    def pressure(self, view: AdmissionView) -> Pressure:
+        """KV usage is the larger of what the running calls hold now (pins yield
+        before any preemption, so they do not count) and the admitted sessions'
+        projected KV: sessions in a tool hold no blocks, but their contexts come back,
+        and admitting past the pool evicts them (NOTE: ours — the cached prefix of a
+        session in a tool counts as free in the engine's figures, so those alone miss
+        the churn seed 000 Fig. 3 shows)."""
+        kv = view.kv
+        usage = None
+        if kv is not None and kv.total_blocks:
+            held = (kv.used_blocks - kv.pinned_blocks) / kv.total_blocks
+            usage = max(held, self.working_set / kv.total_blocks)
+        return Pressure(self.cpu_overloaded(view), usage)
+
+    def available_blocks(self, view: AdmissionView) -> int | None:
+        """The pool less the admitted sessions' projected KV (None: no figures)."""
+        kv = view.kv
+        if kv is None:
+            return None
+        return max(kv.total_blocks - self.working_set, 0)
+
+    # --- BalanceAndAdmit ------------------------------------------------------------------
+
+    def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:
+        self._block_size = view.block_size
+        pressure = self.pressure(view)
+        self._cpu_overloaded = pressure.cpu_overloaded
+        packed, blocks = self.pack(queue, view, pressure)
+        limit = self.update_window(view, pressure, blocks, bool(queue))
+        slots = limit - view.active_sessions
+        if slots <= 0:
+            return ()
+        admitted = packed[: int(min(slots, len(packed)))]
+        for session in admitted:
+            need = view.blocks_for(session.prompt_tokens)
+            self.working_set += need - self._footprint.get(session.session_id, 0)
+            self._footprint[session.session_id] = need
+        return admitted
+
+    def pack(
+        self, queue: Sequence[SessionView], view: AdmissionView, pressure: Pressure
+    ) -> tuple[list[SessionView], list[int]]:
+        """PackQueue: the queue in admission order and each session's blocks."""
+        blocks = [view.blocks_for(session.prompt_tokens) for session in queue]
+        total = view.kv.total_blocks if view.kv is not None else 0
+        long_blocks = total * self.settings.long_session_fraction if total else math.inf
+        mode = pack_mode(blocks, cpu_overloaded=pressure.cpu_overloaded, long_blocks=long_blocks)
+        packed = pack_queue(queue, blocks, mode, self.available_blocks(view))
+        by_id = {session.session_id: need for session, need in zip(queue, blocks, strict=True)}
+        return packed, [by_id[session.session_id] for session in packed]
+
+    def update_window(
+        self, view: AdmissionView, pressure: Pressure, packed_blocks: list[int], waiting: bool
+    ) -> float:
+        """UpdateWindow: min(W_adm, W_cpu, W_kv); publishes the limit when it changed
+        at a control update."""
+        active = view.active_sessions
+        updated = self.window.update(view.now, pressure, active, waiting)
+        ema = self._durations.ema_s
+        w_cpu = cpu_limit(ema.get(ALL_TOOLS), ema.get("llm"), view.tool_cores, self.settings)
+        share = soft_cap_share(pressure.kv_usage, self.settings)
+        w_kv = kv_limit(active, packed_blocks, self.available_blocks(view), share)
+        self.limit = min(self.window.raw, w_cpu, w_kv)
+        if updated or self.published is None:
+            self._publish_window(view, pressure, w_cpu, w_kv)
+        return self.limit
+
+    def _publish_window(
+        self, view: AdmissionView, pressure: Pressure, w_cpu: float, w_kv: float
+    ) -> None:
+        window = int(min(self.limit, self.settings.max_window))
+        if window == self.published:
+            return
+        if self.limit == self.window.raw:
+            reason = self.window.reason
+        else:
+            reason = "cpu limit" if w_cpu <= w_kv else "kv soft cap"
+        kv = view.kv
+        self.publish(
+            WindowUpdate(
+                window=window,
+                previous=self.published if self.published is not None else window,
+                reason=reason,
+                kv_free_blocks=kv.free_blocks if kv is not None else None,
+                active_tools=view.active_tools,
+                source="gateway",
+            )
+        )
+        self.published = window
+
+    def tool_priority(self, session_id: str) -> int:
+        return tool_rank(self._footprint.get(session_id, 0), self._cpu_overloaded)

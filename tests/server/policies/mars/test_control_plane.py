@@ -1,0 +1,250 @@
+"""MARS's external control plane (seed 000 Algorithm 1): PackQueue's three modes,
+UpdateWindow's AIMD with hysteresis, the soft KV cap and the CPU limit, and
+BalanceAndAdmit putting them together, each worked out by hand."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from prometheus_client import generate_latest
+
+from agentmars.sdk.events import (
+    AnyEvent,
+    KVStats,
+    LLMEnd,
+    LLMSubmit,
+    SessionEnd,
+    ToolEnd,
+    WindowUpdate,
+)
+from agentmars.server.gateway.app import GatewayConfig, _build_gateway
+from agentmars.server.gateway.events import EventHub
+from agentmars.server.policies.mars import Mars
+from agentmars.server.policies.mars.control_plane import MarsControlPlane
+from agentmars.server.policies.mars.pack_queue import PackMode, first_fit, pack_mode, pack_queue
+from agentmars.server.policies.mars.settings import MarsSettings
+from agentmars.server.policies.mars.window import (
+    AdmissionWindow,
+    Pressure,
+    cpu_limit,
+    kv_limit,
+    soft_cap_share,
+)
+from tests.server.policies.views import AdmissionData, SessionData, kv_stats
+
+SETTINGS = MarsSettings()
+
+
+def ids(sessions: list[SessionData] | tuple[SessionData, ...]) -> list[str]:
+    return [session.session_id for session in sessions]
+
+
+# --- PackQueue -----------------------------------------------------------------------------
+
+QUEUE = [SessionData("a", 80), SessionData("b", 16), SessionData("c", 48), SessionData("d", 16)]
+BLOCKS = [5, 1, 3, 1]  # 16-token blocks
+
+
+def test_normal_load_packs_smallest_first_ties_in_arrival_order() -> None:
+    assert pack_mode(BLOCKS, cpu_overloaded=False, long_blocks=4) is PackMode.ASCENDING
+    assert ids(pack_queue(QUEUE, BLOCKS, PackMode.ASCENDING, None)) == ["b", "d", "c", "a"]
+
+
+def test_cpu_overload_packs_largest_first() -> None:
+    # Overload wins even over a queue of long sessions.
+    assert pack_mode(BLOCKS, cpu_overloaded=True, long_blocks=1) is PackMode.DESCENDING
+    assert ids(pack_queue(QUEUE, BLOCKS, PackMode.DESCENDING, None)) == ["a", "c", "b", "d"]
+
+
+def test_a_queue_of_long_sessions_is_packed_first_fit_into_the_available_kv() -> None:
+    blocks = [8, 6, 4, 2]
+    assert pack_mode(blocks, cpu_overloaded=False, long_blocks=2) is PackMode.FIRST_FIT
+    # 10 blocks: 8 fits (2 left), 6 and 4 do not, 2 does; then the rest in arrival order.
+    assert first_fit(blocks, 10) == [0, 3, 1, 2]
+    # One short session in the queue: back to smallest first.
+    assert pack_mode([8, 6, 1], cpu_overloaded=False, long_blocks=2) is PackMode.ASCENDING
+    # Nothing to fit against: arrival order.
+    assert first_fit(blocks, None) == [0, 1, 2, 3]
+
+
+# --- UpdateWindow -----------------------------------------------------------------------------
+
+CALM = Pressure(cpu_overloaded=False, kv_usage=0.5)
+CPU_HOT = Pressure(cpu_overloaded=True, kv_usage=0.5)
+KV_FULL = Pressure(cpu_overloaded=False, kv_usage=1.0)
+BAND = Pressure(cpu_overloaded=False, kv_usage=0.93)
+
+
+def window_at(raw: int) -> AdmissionWindow:
+    window = AdmissionWindow(SETTINGS)
+    window.raw = raw
+    return window
+
+
+@pytest.mark.parametrize(
+    ("pressure", "reason"), [(CPU_HOT, "cpu overload"), (KV_FULL, "kv overload")]
+)
+def test_aimd_halves_on_persistent_overload_and_recovers_additively(
+    pressure: Pressure, reason: str
+) -> None:
+    window = window_at(40)
+    # Hysteresis: the first overloaded update only counts; the second cuts to
+    # beta x the 20 sessions in flight.
+    assert window.update(0.0, pressure, active=20, waiting=True)
+    assert window.raw == 40
+    window.update(1.0, pressure, active=20, waiting=True)
+    assert (window.raw, window.reason) == (10, reason)
+    # The overload outlasts the cut (the 20 sessions stay until they end): no second
+    # cut from the cut window.
+    window.update(2.0, pressure, active=20, waiting=True)
+    window.update(3.0, pressure, active=20, waiting=True)
+    assert window.raw == 10
+    # Calm with sessions waiting: +alpha per control interval, not faster.
+    window.update(4.0, CALM, active=9, waiting=True)
+    assert not window.update(4.5, CALM, active=9, waiting=True)
+    window.update(5.0, CALM, active=9, waiting=True)
+    assert (window.raw, window.reason) == (12, "kv slack")
+
+
+def test_one_overloaded_update_between_calm_ones_never_cuts() -> None:
+    window = window_at(40)
+    for second, pressure in enumerate([CPU_HOT, CALM, KV_FULL, CALM, CPU_HOT]):
+        window.update(float(second), pressure, active=20, waiting=False)
+    assert window.raw == 40
+
+
+def test_the_hysteresis_band_holds_the_window() -> None:
+    window = window_at(10)
+    for second in range(5):
+        window.update(float(second), BAND, active=10, waiting=True)
+    assert window.raw == 10
+
+
+def test_no_increase_without_sessions_waiting_and_never_below_w_min() -> None:
+    window = window_at(10)
+    window.update(0.0, CALM, active=3, waiting=False)
+    assert window.raw == 10
+    window.update(1.0, KV_FULL, active=1, waiting=False)
+    window.update(2.0, KV_FULL, active=1, waiting=False)
+    assert window.raw == SETTINGS.min_window == 1
+
+
+def test_the_soft_cap_share_falls_from_its_start_to_the_overload_usage() -> None:
+    assert soft_cap_share(None, SETTINGS) == 1.0
+    assert soft_cap_share(0.85, SETTINGS) == 1.0
+    assert soft_cap_share(0.91, SETTINGS) == pytest.approx(0.6)
+    assert soft_cap_share(1.0, SETTINGS) == 0.0
+    # 100 available blocks at share 0.6: 60; heads of 20, 30 and 20 blocks: two fit.
+    assert kv_limit(active=5, queued_blocks=[20, 30, 20], available_blocks=100, share=0.6) == 7
+    # Nothing in flight: the head goes in even if it is larger than the room.
+    assert kv_limit(active=0, queued_blocks=[90, 5], available_blocks=100, share=0.1) == 1
+    assert kv_limit(active=3, queued_blocks=[90], available_blocks=None, share=0.1) == math.inf
+
+
+def test_the_cpu_limit_is_littles_law_on_the_tool_share_of_a_session() -> None:
+    # Tools take 3 s and LLM calls 1 s: a session is in a tool 3/4 of its time, so
+    # 8 cores at 90% hold 8 x 0.9 / 0.75 = 9.6 sessions.
+    assert cpu_limit(3.0, 1.0, 8, SETTINGS) == pytest.approx(9.6)
+    assert cpu_limit(None, 1.0, 8, SETTINGS) == math.inf
+
+
+# --- BalanceAndAdmit -----------------------------------------------------------------------------
+
+
+def plane(**settings: float) -> MarsControlPlane:
+    half = MarsControlPlane(replace(SETTINGS, **settings))
+    half.events: list[AnyEvent] = []  # type: ignore[misc]
+    half.publish = half.events.append  # type: ignore[attr-defined]
+    return half
+
+
+def gateway(now: float, free: int, total: int = 64, **fields: int) -> AdmissionData:
+    return AdmissionData(now=now, kv=kv_stats(free, total), **fields)  # type: ignore[arg-type]
+
+
+def test_admission_takes_the_packed_queue_up_to_the_kv_room() -> None:
+    half = plane()
+    queue = [
+        SessionData("a", 800), SessionData("b", 160), SessionData("c", 320), SessionData("d", 16)
+    ]  # fmt: skip
+    # 64 free blocks, smallest first: d (1), b (10), c (20) fit (31); a (50) does not.
+    assert ids(list(half.admit(queue, gateway(0.0, 64)))) == ["d", "b", "c"]
+    assert half.working_set == 31
+    # The engine's figures show nothing used yet, but the admitted sessions' projected
+    # KV counts against the room at the next pass: a still does not fit in 33.
+    assert list(half.admit(queue[:1], gateway(0.1, 64, active_sessions=3))) == []
+
+
+def test_the_soft_cap_slows_admission_before_the_hard_limit() -> None:
+    queue = [SessionData(f"s{i}", 64) for i in range(20)]  # 4 blocks each
+    admitted = []
+    for used in (0, 52, 56, 60):  # projected usage 0, 0.81, 0.875, 0.94 of 64 blocks
+        half = plane()
+        half.working_set = used
+        admitted.append(len(half.admit(queue, gateway(0.0, 64 - used, active_sessions=4))))
+    # Room: 64 blocks (16 sessions); 12 (3); then the soft cap: at 0.875 a share of
+    # (1 - 0.875) / 0.15 of the 8 blocks left, 6.7 (1 session where the hard limit
+    # takes 2); at 0.94, 0.42 of 4, 1.7 (none where the hard limit takes 1).
+    assert admitted == [16, 3, 1, 0]
+
+
+def test_cpu_overload_admits_the_largest_first_and_ranks_tools_so() -> None:
+    half = plane()
+    queue = [SessionData("small", 16), SessionData("large", 320)]
+    view = gateway(0.0, 64, queued_tools=2)
+    assert ids(list(half.admit(queue, view))) == ["large", "small"]
+    # The sandbox pool runs the larger session's tools first too.
+    assert half.tool_priority("large") < half.tool_priority("small")
+    calm = plane()
+    calm.admit(queue, gateway(0.0, 64))
+    assert calm.tool_priority("small") < calm.tool_priority("large")
+
+
+def test_the_window_follows_the_stream_and_every_change_is_an_event() -> None:
+    half = plane()
+    queue = [SessionData(f"s{i}", 16) for i in range(40)]
+    half.admit(queue[:10], gateway(0.0, 64))
+    first = half.events[-1]
+    assert isinstance(first, WindowUpdate)
+    # The ten sessions grow to 6 blocks each (their calls' ends): 60 of 64 blocks.
+    for i in range(10):
+        half.on_event(
+            LLMSubmit(session_id=f"s{i}", call_id="c", projected_prompt_tokens=80, max_tokens=16)
+        )
+    assert half.working_set == 60
+    # Tools of 3 s against LLM calls of 1 s on 4 cores: W_cpu = 4 x 0.9 / 0.75 = 4.8.
+    half.on_event(ToolEnd(session_id="s0", call_id="t", tool="bash", duration_s=3.0))
+    half.on_event(
+        LLMEnd(session_id="s0", call_id="c", prompt_tokens=80, output_tokens=0, duration_s=1.0)
+    )
+    assert half.working_set == 59  # s0's call ended with 80 tokens of context: 5 blocks
+    assert half.admit(queue[10:], gateway(1.0, 64, active_sessions=10)) == ()
+    update = half.events[-1]
+    assert isinstance(update, WindowUpdate)
+    assert (update.window, update.previous, update.reason) == (4, first.window, "cpu limit")
+    # Sessions end: their KV leaves the working set.
+    for i in range(10):
+        half.on_event(SessionEnd(session_id=f"s{i}"))
+    assert half.working_set == 0
+
+
+class FixedKV:
+    def kv_stats(self) -> KVStats:
+        return kv_stats(64)
+
+
+def test_the_gateway_shows_the_window_in_metrics() -> None:
+    hub = EventHub()
+    config = GatewayConfig(
+        upstream_url="http://127.0.0.1:9", token="t", policy="mars", kv_source=FixedKV()
+    )
+    built = _build_gateway(config, hub, Mars())
+    hub.subscribe(lambda events: [built.metrics.collector.observe(e) for e in events])
+    text = generate_latest(built.metrics.registry).decode()
+    assert 'agentmars_window{policy="mars"} -1.0' in text
+    # One session of one block waits and the KV is empty: the soft cap lets one in.
+    built.admission.half.admit([SessionData("a", 16)], built.admission.view)
+    text = generate_latest(built.metrics.registry).decode()
+    assert 'agentmars_window{policy="mars"} 1.0' in text
