@@ -644,6 +644,7 @@ class SimEngine(KVEngineView, FollowsTools):
                 turn=session.turn,
                 tool=record.kind,
                 duration_s=duration,
+                cpu_time_s=session.spec.turns[session.turn].tool.cpu_s,  # type: ignore[union-attr]
                 **self.stamp(),
             )
         )

@@ -143,11 +143,26 @@ def test_the_soft_cap_share_falls_from_its_start_to_the_overload_usage() -> None
     assert kv_limit(active=3, queued_blocks=[90], available_blocks=None, share=0.1) == math.inf
 
 
-def test_the_cpu_limit_is_littles_law_on_the_tool_share_of_a_session() -> None:
-    # Tools take 3 s and LLM calls 1 s: a session is in a tool 3/4 of its time, so
-    # 8 cores at 90% hold 8 x 0.9 / 0.75 = 9.6 sessions.
-    assert cpu_limit(3.0, 1.0, 8, SETTINGS) == pytest.approx(9.6)
-    assert cpu_limit(None, 1.0, 8, SETTINGS) == math.inf
+def test_the_cpu_limit_is_littles_law_on_the_tool_cpu_share_of_a_session() -> None:
+    # Tools take 3 s of a core and LLM calls 1 s: a session keeps a core busy 3/4 of
+    # its time, so 8 cores at 90% hold 8 x 0.9 / 0.75 = 9.6 sessions.
+    assert cpu_limit(3.0, 3.0, 1.0, 8, SETTINGS) == pytest.approx(9.6)
+    # Tools of 3 s that use 1.5 s of CPU: twice as many sessions.
+    assert cpu_limit(1.5, 3.0, 1.0, 8, SETTINGS) == pytest.approx(19.2)
+    # Tools that wait on a remote API use no core: no CPU limit.
+    assert cpu_limit(0.0, 3.0, 1.0, 8, SETTINGS) == math.inf
+    assert cpu_limit(None, None, 1.0, 8, SETTINGS) == math.inf
+
+
+def test_tools_that_use_no_cpu_never_overload_it_but_a_backlog_does() -> None:
+    half = plane()
+    view = AdmissionData(active_tools=10, tool_cores=4)
+    # Until a tool reports its CPU time, each running tool is taken to keep a core busy.
+    assert half.cpu_overloaded(view)
+    half.on_event(ToolEnd(session_id="s", call_id="t", tool="api", duration_s=2.0, cpu_time_s=0.0))
+    assert half.cores_per_tool() == 0.0
+    assert not half.cpu_overloaded(view)
+    assert half.cpu_overloaded(replace(view, queued_tools=1))
 
 
 # --- BalanceAndAdmit -----------------------------------------------------------------------------

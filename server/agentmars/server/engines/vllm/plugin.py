@@ -257,6 +257,12 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     def _tick_if_idle(self) -> None:
         """The idle ticker's call (its own thread): events, expiries and a due tick,
         when vLLM has nothing running or waiting (else ``schedule()`` does it)."""
+        if self.running or self.waiting:
+            # Busy: schedule() ticks. Looked at without the lock (a stale answer only
+            # delays the tick to the next wake-up), so that a busy engine's steps
+            # never wait for this thread: one wait for the lock, and the GIL handed
+            # back and forth, cost a step milliseconds (bench_schedule).
+            return
         with self._lock:
             if not (self.running or self.waiting):
                 self._take_hints()
@@ -357,6 +363,10 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     ) -> int:
         """vLLM's last word on a chunk's size before it allocates, in both of
         ``schedule()``'s loops: the policy's ``chunk`` caps a prompt's chunk here."""
+        if num_computed_tokens >= request.num_prompt_tokens and self.num_prefill_lookahead <= 1:
+            # A decode (vLLM calls this for every running call): without a multi-token
+            # drafter vLLM's own rule keeps every count, so skip it and the policy.
+            return num_new_tokens
         tokens: int = super()._reserve_prefill_lookahead(
             request, num_computed_tokens, num_new_tokens
         )

@@ -36,6 +36,9 @@ from agentmars.server.policies.mars.window import (
 from agentmars.server.policies.views import AdmissionView, SessionView
 
 ALL_TOOLS = "*"
+TOOL_CPU = "*cpu"
+"""The EMAs kept beside the LLM calls' (``llm``): every tool's duration, and its CPU
+time."""
 
 
 class MarsControlPlane(AdmissionHalf):
@@ -49,7 +52,7 @@ class MarsControlPlane(AdmissionHalf):
         """The newest admission limit: min(W_adm, W_cpu, W_kv)."""
         self.published: int | None = None
         self._durations = ToolDurations()
-        """EMAs of every tool's duration (kind ``*``) and every LLM call's (``llm``)."""
+        """EMAs of every tool's duration and CPU time and every LLM call's duration."""
         self._footprint: dict[str, int] = {}
         """Each admitted session's newest projected KV, in blocks."""
         self.working_set = 0
@@ -60,6 +63,9 @@ class MarsControlPlane(AdmissionHalf):
     def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, ToolEnd):
             self._durations.record(ALL_TOOLS, event.duration_s)
+            # A tool whose CPU time is not reported is taken to keep a core busy.
+            cpu = event.cpu_time_s if event.cpu_time_s is not None else event.duration_s
+            self._durations.record(TOOL_CPU, cpu)
         elif isinstance(event, LLMEnd) and event.status == "ok":
             self._durations.record("llm", event.duration_s)
             tokens = (event.prompt_tokens or 0) + (event.output_tokens or 0)
@@ -80,9 +86,18 @@ class MarsControlPlane(AdmissionHalf):
 
     # --- the telemetry --------------------------------------------------------------------
 
+    def cores_per_tool(self) -> float:
+        """The cores a running tool keeps busy, by the EMAs (1 until a tool ended)."""
+        ema = self._durations.ema_s
+        wall, cpu = ema.get(ALL_TOOLS), ema.get(TOOL_CPU)
+        return cpu / wall if wall and cpu is not None else 1.0
+
     def cpu_overloaded(self, view: AdmissionView) -> bool:
-        ratio = self.settings.cpu_overload_ratio
-        return view.queued_tools > 0 or view.active_tools > view.tool_cores * ratio
+        """Tools queue (backlog), or the running ones ask for more than the tool
+        cores (their CPU time over their duration, from the stream: tools that wait
+        on something remote ask for none)."""
+        demand = view.active_tools * self.cores_per_tool()
+        return view.queued_tools > 0 or demand > view.tool_cores * self.settings.cpu_overload_ratio
 
     def pressure(self, view: AdmissionView) -> Pressure:
         """KV usage is the larger of what the running calls hold now (pins yield
@@ -143,7 +158,9 @@ class MarsControlPlane(AdmissionHalf):
         active = view.active_sessions
         updated = self.window.update(view.now, pressure, active, waiting)
         ema = self._durations.ema_s
-        w_cpu = cpu_limit(ema.get(ALL_TOOLS), ema.get("llm"), view.tool_cores, self.settings)
+        w_cpu = cpu_limit(
+            ema.get(TOOL_CPU), ema.get(ALL_TOOLS), ema.get("llm"), view.tool_cores, self.settings
+        )
         share = soft_cap_share(pressure.kv_usage, self.settings)
         w_kv = kv_limit(active, packed_blocks, self.available_blocks(view), share)
         self.limit = min(self.window.raw, w_cpu, w_kv)

@@ -60,12 +60,13 @@ class MarsSettings:
     sensitivity): lower starts hold sessions at the gateway that the pool has room
     for."""
     cpu_overload_ratio: float = 1.0
-    """The CPU is overloaded when tools queue, or when more tools run than this times
-    the tool cores (one tool per core)."""
+    """The CPU is overloaded when tools queue, or when the running tools ask for more
+    than this times the tool cores (each asks for its CPU time over its duration, from
+    the stream's ``tool_end``; a whole core when the CPU time is not reported)."""
     cpu_target_utilization: float = 0.9
-    """The CPU limit: sessions whose share of time in tools (the tool-duration EMA
-    against the LLM-call EMA) keeps this fraction of the tool cores busy (Little's law;
-    10% headroom for bursts)."""
+    """The CPU limit: sessions whose tools' CPU time, against a session's cycle (the
+    tool and LLM-call duration EMAs), keeps this fraction of the tool cores busy
+    (Little's law; 10% headroom for bursts)."""
     long_session_fraction: float = 0.125
     """A queued session is "long" when its projected blocks are at least this share of
     the KV pool (ours: eight such sessions fill it); a queue of only long sessions is

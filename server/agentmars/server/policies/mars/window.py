@@ -29,14 +29,19 @@ class Pressure:
 
 
 def cpu_limit(
-    tool_ema_s: float | None, llm_ema_s: float | None, tool_cores: int, settings: MarsSettings
+    cpu_ema_s: float | None,
+    tool_ema_s: float | None,
+    llm_ema_s: float | None,
+    tool_cores: int,
+    settings: MarsSettings,
 ) -> float:
     """W_cpu: the sessions whose tool phases keep ``cpu_target_utilization`` of the
-    tool cores busy, each spending tool / (tool + LLM) of its time in tools (inf until
-    both durations are known)."""
-    if not tool_ema_s or llm_ema_s is None or tool_cores <= 0:
+    tool cores busy, each keeping a core busy for cpu / (tool + LLM) of its time (the
+    EMAs of a tool's CPU time and duration, and of an LLM call's duration; inf until
+    they are known, or for tools that use no CPU, e.g. remote APIs)."""
+    if not cpu_ema_s or not tool_ema_s or llm_ema_s is None or tool_cores <= 0:
         return math.inf
-    share = tool_ema_s / (tool_ema_s + llm_ema_s)
+    share = cpu_ema_s / (tool_ema_s + llm_ema_s)
     return tool_cores * settings.cpu_target_utilization / share
 
 
