@@ -157,14 +157,17 @@ class OpportunisticCoScheduler:
         rate = self.prefill.seconds_per_token()
         return None if rate is None else rate * tokens
 
-    def holding_cost_s(self, blocks: int, remaining_s: float, view: EngineView) -> float:
-        share = blocks / view.total_blocks if view.total_blocks else 1.0
-        return kv_pressure(view, self.settings) * share * remaining_s
-
     def worth_pinning(
-        self, tokens: int, blocks: int, tool: str | None, elapsed_s: float, view: EngineView
+        self,
+        tokens: int,
+        blocks: int,
+        tool: str | None,
+        elapsed_s: float,
+        view: EngineView,
+        pressure: float,
     ) -> bool:
-        cost = self.holding_cost_s(blocks, self.remaining_s(tool, elapsed_s, view), view)
+        share = blocks / view.total_blocks if view.total_blocks else 1.0
+        cost = pressure * share * self.remaining_s(tool, elapsed_s, view)
         if cost == 0:
             return True
         benefit = self.recompute_s(tokens, view)
@@ -181,18 +184,22 @@ class OpportunisticCoScheduler:
         if not call.expects_tool:
             return Release()
         blocks = view.blocks_for(call.num_tokens)
-        if not self.worth_pinning(call.num_tokens, blocks, call.next_tool, 0.0, view):
+        pressure = kv_pressure(view, self.settings)
+        if not self.worth_pinning(call.num_tokens, blocks, call.next_tool, 0.0, view, pressure):
             return Release()
         self._tool_of[call.session_id] = call.next_tool
         return Pin()
 
     def review(self, pins: Sequence[PinView], view: EngineView) -> list[SessionAction]:
         """Unpin the sessions whose pin no longer pays, as pressure and time stand."""
-        actions = []
+        actions: list[SessionAction] = []
+        if not pins:
+            return actions
+        pressure = kv_pressure(view, self.settings)  # once: it reads the waiting queue
         for pin in pins:
             tool = self._tool_of.get(pin.session_id)
             elapsed = view.now - pin.pinned_s
-            if not self.worth_pinning(pin.tokens, pin.blocks, tool, elapsed, view):
+            if not self.worth_pinning(pin.tokens, pin.blocks, tool, elapsed, view, pressure):
                 actions.append(SessionAction("unpin", pin.session_id))
                 self._tool_of.pop(pin.session_id, None)
         return actions
