@@ -23,7 +23,8 @@ from agentmars.bench.report import publish, verdict
 TARGET_RATIO = 1.10
 """Issue 5's target on the cost of a schedule() call, the mean (the time it adds per
 call; a p50 compares the middle steps of two runs whose step mixes differ once the
-policy changes what runs: docs/benchmarks.md)."""
+policy changes what runs: docs/benchmarks.md), judged on the median of the
+repetitions' ratios (``paired``: each repetition runs every scheduler back to back)."""
 MODULE = "agentmars.server.engines.vllm.bench_schedule"
 TIMEOUT_S = 1800.0
 
@@ -34,7 +35,7 @@ class PluginBenchOptions:
     """The vLLM environment's python (``vllm_env.find_vllm_python``)."""
     sessions: int = 64
     turns: int = 4
-    reps: int = 5
+    reps: int = 10
     kv_blocks: int = 1024
     seed: int = 0
 
@@ -79,7 +80,7 @@ def table(figures: dict[str, Any]) -> Table:
     title = (
         f"schedule(): {queue['sessions'] * queue['turns']} calls "
         f"({queue['sessions']} sessions x {queue['turns']} turns), {figures['reps']} runs "
-        f"each, alternating; target x mean <= {TARGET_RATIO:.2f}"
+        f"each, alternating; target x paired (mean) <= {TARGET_RATIO:.2f}"
     )
     caption = "fcfs, continuum, mars: the plugin with that policy. "
     if figures["same_tokens"]:
@@ -87,12 +88,14 @@ def table(figures: dict[str, Any]) -> Table:
     else:
         caption += "[red]The schedulers' calls generated different token counts.[/red]"
     result = Table(title=title, caption=caption)
-    columns = ("scheduler", "steps", "p50 µs", "mean µs", "x p50", "x mean", "x run", "result")
+    columns = (
+        "scheduler", "steps", "p50 µs", "mean µs", "x p50", "x mean", "x run", "x paired", "result",
+    )  # fmt: skip
     for column in columns:
         result.add_column(column, justify="right")
     ratios = figures["schedule_ratio_to_stock"]
     for name, row in figures["schedulers"].items():
-        ratio = ratios.get(name, {"p50": 1.0, "mean": 1.0, "per_run": 1.0})
+        ratio = ratios.get(name, {"p50": 1.0, "mean": 1.0, "per_run": 1.0, "paired": 1.0})
         result.add_row(
             "vLLM" if name == "stock" else name,
             str(row["steps_per_run"]),
@@ -101,7 +104,8 @@ def table(figures: dict[str, Any]) -> Table:
             f"{ratio['p50']:.3f}",
             f"{ratio['mean']:.3f}",
             f"{ratio['per_run']:.3f}",
-            "" if name == "stock" else verdict(ratio["mean"] <= TARGET_RATIO),
+            f"{ratio['paired']:.3f}",
+            "" if name == "stock" else verdict(ratio["paired"] <= TARGET_RATIO),
         )
     return result
 
@@ -111,6 +115,6 @@ def run(options: PluginBenchOptions, json_out: Path | None) -> dict[str, Any]:
     figures = measure(options)
     figures["target_ratio"] = TARGET_RATIO
     figures["passed"] = all(
-        r["mean"] <= TARGET_RATIO for r in figures["schedule_ratio_to_stock"].values()
+        r["paired"] <= TARGET_RATIO for r in figures["schedule_ratio_to_stock"].values()
     )
     return publish(table(figures), figures, json_out)

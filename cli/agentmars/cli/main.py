@@ -186,7 +186,7 @@ def bench_plugin(
     ] = None,
     sessions: Annotated[int, typer.Option(min=1, help="Sessions in the queue.")] = 64,
     turns: Annotated[int, typer.Option(min=1, help="Calls per session.")] = 4,
-    reps: Annotated[int, typer.Option(min=1, help="Runs of each scheduler.")] = 5,
+    reps: Annotated[int, typer.Option(min=1, help="Runs of each scheduler.")] = 10,
     kv_blocks: Annotated[int, typer.Option(min=16, help="KV blocks of 16 tokens.")] = 1024,
     seed: Annotated[int, typer.Option(help="Seed of the queue.")] = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,

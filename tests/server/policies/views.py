@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentmars.sdk.events import KVStats
+from agentmars.server.policies.views import growth_blocks
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,10 @@ class EngineData:
     tool_ema_s: Mapping[str, float] = field(default_factory=dict)
     costs: LinearCosts = LinearCosts()
     has_costs: bool = True
+
+    @property
+    def running_growth_blocks(self) -> int:
+        return sum(growth_blocks(call, self.blocks_for) for call in self.running)
 
     def pin_of(self, session_id: str) -> PinData | None:
         return next((pin for pin in self.pins if pin.session_id == session_id), None)

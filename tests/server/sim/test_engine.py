@@ -13,6 +13,7 @@ from agentmars.sdk.events import AnyEvent, KVStats, ToolEnqueue, ToolStats
 from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.interface import AdmissionHalf, EngineHalf, Policy
 from agentmars.server.policies.registry import make_policy
+from agentmars.server.policies.views import CallView, EngineView
 from agentmars.server.profiles.cost_model import load_profile
 from agentmars.server.sim.engine import SimConfig, SimEngine, SimError, isolated_sessions
 from tests.server.sim.factories import STEP_S, flat_profile, session, workload
@@ -186,6 +187,34 @@ class Listening(Policy):
     def engine(self) -> Heard:
         self.engine_half = Heard()
         return self.engine_half
+
+
+class GrowthSeen(EngineHalf):
+    """Stock decisions; notes the running calls' growth at every prompt chunk."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def chunk(self, call: CallView, tokens: int, fit_tokens: int, view: EngineView) -> int:
+        self.seen.append(view.running_growth_blocks)
+        return tokens
+
+
+class Growing(Policy):
+    name = "growing"
+
+    def engine(self) -> GrowthSeen:
+        self.engine_half = GrowthSeen()
+        return self.engine_half
+
+
+def test_the_running_calls_growth_counts_the_rest_of_a_prompt_in_chunks() -> None:
+    # 600 prompt tokens and 1 to generate: 38 blocks of 16 at the end. Chunks of 256:
+    # before the first nothing runs; before the second the call holds 16 blocks, 22 to
+    # go; before the third 32, 6 to go.
+    policy = Growing()
+    SimEngine(workload(session("a", [(600, 1, None)])), policy, flat_profile()).run()
+    assert policy.engine_half.seen == [0, 22, 6]
 
 
 def test_both_halves_hear_the_same_stream() -> None:

@@ -16,7 +16,7 @@ that needs something it does not provide.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from agentmars.sdk.events import KVStats
@@ -176,6 +176,13 @@ class EngineView(ToolFigures, Protocol):
     @property
     def running(self) -> Sequence[CallView]: ...
     @property
+    def running_growth_blocks(self) -> int:
+        """KV blocks the running calls will still take from the free ones to reach
+        their prompt and ``max_tokens`` (none preempted, none stopping early), beyond
+        the blocks they hold now: ``growth_blocks`` between steps; within a step
+        also less what the calls scheduled so far were given."""
+
+    @property
     def waiting(self) -> Sequence[CallView]: ...
     @property
     def pins(self) -> Sequence[PinView]: ...
@@ -195,6 +202,15 @@ class EngineView(ToolFigures, Protocol):
     def blocks_for(self, tokens: int) -> int:
         """KV blocks that ``tokens`` tokens of context occupy."""
         ...
+
+
+def growth_blocks(call: CallView, blocks_for: Callable[[int], int]) -> int:
+    """KV blocks a running call will still allocate to reach its prompt and
+    ``max_tokens``, beyond the ones its computed tokens hold: what it holds between
+    steps (both engines allocate a prompt chunk by chunk, and a token's slot in the
+    step that schedules it)."""
+    whole = blocks_for(call.prompt_tokens + call.max_tokens)
+    return max(whole - blocks_for(call.num_computed_tokens), 0)
 
 
 class AdmissionView(ToolFigures, Protocol):

@@ -71,6 +71,14 @@ class KVEngineView:
         return self.scheduler.running
 
     @property
+    def running_growth_blocks(self) -> int:
+        blocks_for = self.kv.blocks_for
+        return sum(
+            max(blocks_for(call.prompt_tokens + call.max_tokens) - len(call.blocks), 0)
+            for call in self.scheduler.running
+        )
+
+    @property
     def waiting(self) -> Sequence[Call]:
         return self.scheduler.waiting
 

@@ -377,6 +377,7 @@ def test_plugin_import_loads_no_more_of_agentmars_than_it_uses(vllm_python: Path
             "views",
             "paused",
             "ticker",
+            "waiting_order",
         )
     }
     # The policy contract: the halves, their views, what they need, the event feed.

@@ -5,7 +5,9 @@ call is preempted and progress made where FCFS stalls."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -42,30 +44,66 @@ def test_a_chunk_that_does_not_fit_shrinks_to_whole_blocks_down_to_one() -> None
 
 
 A_RUNNING = call("A", prompt_tokens=48, output_tokens=1, max_tokens=40, num_computed_tokens=48)
-"""Decoding: 49 tokens in 4 blocks, 6 blocks at its 88th: it still needs 2."""
+"""Decoding: its 48 computed tokens hold 3 blocks, 6 at its 88th: it still needs 3."""
+
+
+def live(session_id: str, **fields: Any) -> SimpleNamespace:
+    """A call whose fields change as the engine runs it, as the engines' views do (the
+    co-scheduler keeps the view of the call it let start)."""
+    return SimpleNamespace(**asdict(call(session_id, **fields)))
 
 
 def test_one_call_at_a_time_starts_on_the_blocks_the_running_calls_will_not_need() -> None:
     co = OpportunisticCoScheduler(SETTINGS)
-    b, c = call("B", prompt_tokens=100), call("C", prompt_tokens=100)
+    b, c = live("B", prompt_tokens=100), call("C", prompt_tokens=100)
     view = EngineData(total_blocks=8, free_blocks=4, running=[A_RUNNING], waiting=[b, c])
-    assert co.growth_blocks(view) == 2
+    assert view.running_growth_blocks == 3
     assert co.may_start_partial(b, view)
-    # B's chunk: 4 free blocks less A's 2 to come: 32 tokens.
-    assert co.chunk(b, 100, 64, view) == 32
-    # While B is in its prompt no other call starts that way.
-    b_running = replace(b, num_computed_tokens=32)
-    view = EngineData(total_blocks=8, free_blocks=2, running=[A_RUNNING, b_running], waiting=[c])
-    assert not co.may_start_partial(c, view)
-    # B goes on only on blocks nobody running will need, evicting nothing: none now.
-    assert co.chunk(b_running, 68, 32, view) == 0
-    # Once B's prompt is in, the next call may start on spare blocks.
-    b_done = replace(b, num_computed_tokens=100, output_tokens=1)
-    view = EngineData(total_blocks=16, free_blocks=6, running=[A_RUNNING, b_done], waiting=[c])
+    # B's chunk: 4 free blocks less A's 3 to come: one block, 16 tokens.
+    assert co.chunk(b, 100, 64, view) == 16
+    # While B is in its prompt no other call starts that way, spare blocks or not.
+    b.num_computed_tokens = 16
+    roomy = EngineData(total_blocks=32, free_blocks=16, running=[A_RUNNING, b], waiting=[c])
+    assert roomy.running_growth_blocks == 3 + 6  # B: 7 blocks at its 110th, holds 1
+    assert not co.may_start_partial(c, roomy)
+    view = EngineData(total_blocks=8, free_blocks=3, running=[A_RUNNING, b], waiting=[c])
+    # B goes on only on blocks nobody running will need, evicting nothing: 3 free, A
+    # needs 3, none now.
+    assert co.chunk(b, 84, 48, view) == 0
+    # Once B's prompt is in (its 110th token fits the 7 blocks of its 100), the next
+    # call may start on spare blocks: 6 free, A needs 3.
+    b.num_computed_tokens, b.output_tokens = 100, 1
+    view = EngineData(total_blocks=16, free_blocks=6, running=[A_RUNNING, b], waiting=[c])
     assert co.may_start_partial(c, view)
     # No spare block: no start.
     tight = EngineData(total_blocks=8, free_blocks=2, running=[A_RUNNING], waiting=[c])
     assert not OpportunisticCoScheduler(SETTINGS).may_start_partial(c, tight)
+
+
+def test_a_partial_start_preempted_unstarted_or_gone_lets_the_next_one_start() -> None:
+    spare = EngineData(total_blocks=16, free_blocks=8, running=[A_RUNNING])
+    c = call("C", prompt_tokens=100)
+    # Preempted in its prompt: both engines count it and reset its computed tokens.
+    co, b = OpportunisticCoScheduler(SETTINGS), live("B", prompt_tokens=100)
+    assert co.may_start_partial(b, spare)
+    b.num_computed_tokens = 16
+    assert not co.may_start_partial(c, spare)
+    b.num_computed_tokens, b.num_preemptions = 0, 1
+    assert co.may_start_partial(c, spare)
+    # Given no chunk (3 free, A needs 3), it did not start.
+    co, b = OpportunisticCoScheduler(SETTINGS), live("B", prompt_tokens=100)
+    assert co.may_start_partial(b, replace(spare, free_blocks=4))
+    assert co.chunk(b, 100, 48, replace(spare, free_blocks=3)) == 0
+    b.num_computed_tokens = 16  # as if it had run: only the chunk's answer freed C
+    assert co.may_start_partial(c, replace(spare, free_blocks=4))
+    # Gone from the engine in its prompt (aborted): forgotten at the next review.
+    co, b = OpportunisticCoScheduler(SETTINGS), live("B", prompt_tokens=100)
+    assert co.may_start_partial(b, spare)
+    b.num_computed_tokens = 16
+    co.forget_gone_partial(replace(spare, running=[A_RUNNING, b]))
+    assert not co.may_start_partial(c, spare)
+    co.forget_gone_partial(spare)
+    assert co.may_start_partial(c, spare)
 
 
 # --- pins ------------------------------------------------------------------------------------

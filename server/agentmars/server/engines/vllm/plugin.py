@@ -10,10 +10,11 @@ the policy's engine half (docs/policies.md) and refuses at start a policy whose 
 half needs what the plugin does not provide (``PluginConfig.provides``). What it
 changes:
 
-- Waiting order: at the top of every ``schedule()`` the FCFS waiting queue is sorted by
-  the policy's ``priority()`` (ties: arrival, then request id), so vLLM's own pass over
-  it takes calls in the policy's order. vLLM's ``--scheduling-policy`` must stay
-  ``fcfs``: the plugin is the one that orders.
+- Waiting order: at the top of every ``schedule()`` the FCFS waiting queue is put in
+  the order of the policy's ``priority()`` (ties: arrival, then request id;
+  ``waiting_order`` keeps it so), and vLLM's own pass over it takes calls in that
+  order. vLLM's ``--scheduling-policy`` must stay ``fcfs``: the plugin is the one that
+  orders.
 - KV retention (the touch pattern): when a call finishes normally, the policy's
   ``on_call_finished`` may ``Pin`` its hashed blocks for its session; the pin goes when
   the session's next call gets its blocks, when its TTL is up (checked at the top of
@@ -79,6 +80,7 @@ from agentmars.server.engines.vllm.pins import PinTable  # noqa: E402
 from agentmars.server.engines.vllm.preemption import steer_victim  # noqa: E402
 from agentmars.server.engines.vllm.ticker import IdleTicker  # noqa: E402
 from agentmars.server.engines.vllm.views import SchedulerView, SessionBook, session_of  # noqa: E402
+from agentmars.server.engines.vllm.waiting_order import WaitingOrder  # noqa: E402
 from agentmars.server.policies.feed import EventFeed  # noqa: E402
 from agentmars.server.policies.interface import EngineHalf, Pin, SessionAction  # noqa: E402
 from agentmars.server.policies.views import CallView  # noqa: E402
@@ -89,11 +91,19 @@ logger = logging.getLogger("vllm.agentmars.plugin")
 NORMAL_ENDS = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
 """Finished calls whose session goes on (aborted, ignored or failed calls do not pin)."""
 
+RUNNING = RequestStatus.RUNNING
+
 WAITING_STATES = frozenset({RequestStatus.WAITING, RequestStatus.PREEMPTED})
 """Calls in vLLM's waiting loop (the ones ``scheduler_reserve_full_isl`` applies to)."""
 
-ARRIVAL_ORDER = operator.attrgetter("arrival_time", "request_id")
-"""The waiting order under the default ``Policy.priority``."""
+_ARRIVAL = operator.attrgetter("arrival_time", "request_id")
+
+
+def _arrival_key(request: Any) -> tuple[str, Any]:
+    """The waiting order under the default ``Policy.priority`` (no session needed:
+    pins do not change it)."""
+    return "", _ARRIVAL(request)
+
 
 HELD_POLL_S = 0.01
 """How long an engine whose only requests are held for paused sessions waits between
@@ -148,11 +158,17 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         policy = type(self.agentmars_policy)
         # The default priority is the arrival (then, as for every policy, the request
         # id): the same order, read from the requests without building their views.
-        self._arrival_order = policy.priority is EngineHalf.priority
+        arrival_order = policy.priority is EngineHalf.priority
         # A priority that reads only the call and the pins is kept per waiting call
-        # (with its session) until that session's pin changes.
-        self._keep_keys = policy.priority_reads_pins_only or bool(policy.priority_refresh_s)
-        self._keys: dict[str, tuple[str, Any]] = {}
+        # (with its session) until that session's pin changes, or its refresh.
+        self._pins_change_keys = not arrival_order and (
+            policy.priority_reads_pins_only or bool(policy.priority_refresh_s)
+        )
+        self._waiting_order = WaitingOrder(
+            _arrival_key if arrival_order else self._priority_key,
+            kept=arrival_order or self._pins_change_keys,
+            is_waiting=lambda request: request.status in WAITING_STATES,
+        )
         self._keys_refreshed_s = time.monotonic()
         # A policy that lets a waiting call start on less than its whole prompt says
         # so per call, where vLLM is about to allocate with scheduler_reserve_full_isl.
@@ -211,7 +227,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             self.pin_table.release_expired(self.engine_view.now)
             self._tick_if_due()
             self._forget_changed_keys()
-            self._order_waiting()
+            self._waiting_order.order(self.waiting)
             output = super().schedule(*args, **kwargs)
             self.steps += output.total_num_scheduled_tokens > 0
             self._step_started[id(output)] = time.monotonic()
@@ -298,6 +314,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     def _resume(self, session_id: str) -> None:
         for request in self._paused.resume(session_id):
             self.waiting.add_request(request)
+            self._waiting_order.joined(request)
         self._publish(SessionResume(session_id=session_id, source="engine"))
 
     def _take_hints(self) -> None:
@@ -315,47 +332,33 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             self.pin_table.release(event.session_id, "session_end")
             self.session_book.forget_session(event.session_id)
 
-    def _order_waiting(self) -> None:
-        if len(self.waiting) < 2:
-            return
-        if self._arrival_order:
-            ordered = sorted(self.waiting, key=ARRIVAL_ORDER)
-        else:
-            keys = self._waiting_keys()
-            ordered = sorted(self.waiting, key=lambda request: keys[request.request_id])
-        self.waiting.clear()
-        self.waiting.extend(ordered)
+    def _enqueue_waiting_request(self, request: Any) -> None:
+        super()._enqueue_waiting_request(request)
+        self._waiting_order.joined(request)
 
-    def _waiting_keys(self) -> dict[str, Any]:
-        """Each waiting call's sort key: the policy's priority, then arrival and id."""
-        view, priority = self.engine_view, self.agentmars_policy.priority
-        known = self._keys
-        keys, kept = {}, {}
-        for request in self.waiting:
-            request_id = request.request_id
-            entry = known.get(request_id)
-            if entry is None:
-                call = view.call(request)
-                key = (priority(call, view), request.arrival_time, request_id)
-                entry = (call.session_id, key)
-            keys[request_id] = entry[1]
-            kept[request_id] = entry
-        if self._keep_keys:
-            self._keys = kept  # the calls waiting now, no more
-        return keys
+    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        super()._preempt_request(request, *args, **kwargs)
+        self._waiting_order.joined(request)
+
+    def _priority_key(self, request: Any) -> tuple[str, Any]:
+        """A waiting call's session and sort key: the policy's priority, then arrival
+        and id."""
+        view = self.engine_view
+        call = view.call(request)
+        priority = self.agentmars_policy.priority(call, view)
+        return call.session_id, (priority, request.arrival_time, request.request_id)
 
     def _forget_changed_keys(self) -> None:
-        """Drop the kept keys of the sessions whose pin changed since the last step,
+        """Forget the kept keys of the sessions whose pin changed since the last step,
         and all of them every ``priority_refresh_s``."""
         refresh = self.agentmars_policy.priority_refresh_s
         if refresh and time.monotonic() - self._keys_refreshed_s >= refresh:
-            self._keys = {}
+            self._waiting_order.forget_all()
             self._keys_refreshed_s = time.monotonic()
         changed = self.pin_table.changed
         if changed:
-            if self._keys:
-                kept = self._keys.items()
-                self._keys = {r: entry for r, entry in kept if entry[0] not in changed}
+            if self._pins_change_keys:
+                self._waiting_order.forget_sessions(changed, self.requests)
             changed.clear()
 
     def _reserve_prefill_lookahead(
@@ -370,21 +373,24 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         tokens: int = super()._reserve_prefill_lookahead(
             request, num_computed_tokens, num_new_tokens
         )
+        view = self.engine_view
+        free = view.free_blocks
         if self._partial_starts and request.status in WAITING_STATES:
             # Set for every waiting call, so none inherits the previous one's answer.
-            self.scheduler_reserve_full_isl = self._reserve_full(request, tokens)
+            self.scheduler_reserve_full_isl = self._reserve_full(request, tokens, free)
         if tokens == 0 or num_computed_tokens >= request.num_prompt_tokens:
             return tokens
-        view = self.engine_view
-        held = len(self.kv_cache_manager.get_blocks(request.request_id).blocks[0])
-        # A running call still has room in its last block; a waiting call holds no
-        # blocks yet (its prefix hit is cached blocks, which need no free ones).
-        room = held * self.block_size - num_computed_tokens if held else 0
-        fit = max(room + view.free_blocks * self.block_size, 0)
+        # A running call still has room in its last block: it holds the blocks of its
+        # computed tokens (allocated with the steps that computed them; NOTE: a
+        # drafter's lookahead slots are not counted, which only shrinks the room). A
+        # waiting call holds no blocks yet (its prefix hit is cached blocks, which
+        # need no free ones).
+        room = -num_computed_tokens % view.block_size if request.status is RUNNING else 0
+        fit = room + free * view.block_size
         chunk = self.agentmars_policy.chunk(view.call(request), tokens, fit, view)
         return max(0, min(tokens, chunk))
 
-    def _reserve_full(self, request: Any, tokens: int) -> bool:
+    def _reserve_full(self, request: Any, tokens: int, free: int) -> bool:
         """Whether vLLM must find blocks for the whole prompt before the call starts:
         not if the policy never asks for it; yes when they are free (vLLM's own check
         then passes); else unless the policy lets this call start on what fits.
@@ -399,7 +405,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             return True
         pin = view.pin_of(session_of(request) or "")
         needed = view.blocks_for(request.num_tokens) - (pin.blocks if pin is not None else 0)
-        if needed <= view.free_blocks:
+        if needed <= free:
             return True
         return not policy.may_start_partial(view.call(request), view)
 
@@ -424,19 +430,17 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         blocks = self._stock_allocate_slots(request, *args, **kwargs)
         if blocks is None:
             blocks = self._reclaim_and_retry(request, *args, **kwargs)
-        if blocks is None and self._steers_victims:
-            # vLLM preempts the last running call next: make it the policy's victim.
-            steer_victim(self.running, request, self._choose_victim)
+            if blocks is None:
+                if self._steers_victims and request.status is RUNNING:
+                    # vLLM preempts the last running call next: make it the policy's
+                    # victim (a waiting call's failure preempts nothing).
+                    steer_victim(self.running, request, self._choose_victim)
+                return None
         pins = self.pin_table.pins
         # A session's next call takes over its pin when it leaves the waiting queue; the
         # other allocations (most: running calls' decode steps) are told apart cheaply
         # first.
-        if (
-            blocks is not None
-            and pins
-            and request.status != RequestStatus.RUNNING
-            and (session_id := session_of(request)) in pins
-        ):
+        if pins and request.status is not RUNNING and (session_id := session_of(request)) in pins:
             # The call holds its own references to the shared blocks now.
             self.pin_table.release(session_id, "next_call")
         return blocks
@@ -471,6 +475,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         self._pin_if_asked(request)
         # Only now: the policy has seen the call, its service time included.
         self.session_book.forget_request(request.request_id)
+        self._waiting_order.left(request.request_id)
 
     def _pin_if_asked(self, request: Any) -> None:
         session_id = session_of(request)

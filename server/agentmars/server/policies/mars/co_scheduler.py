@@ -32,7 +32,7 @@ import numpy as np
 from agentmars.sdk.events import AnyEvent, CallEvent, LLMEnd, LLMFirstToken, SessionEnd
 from agentmars.server.policies.interface import KVDecision, Pin, Release, SessionAction
 from agentmars.server.policies.mars.settings import MarsSettings
-from agentmars.server.policies.views import CallView, EngineView, PinView
+from agentmars.server.policies.views import CallView, EngineView, PinView, growth_blocks
 
 
 def shrink_chunk(tokens: int, fit_tokens: int, block_size: int, *, running: bool) -> int:
@@ -96,8 +96,10 @@ class OpportunisticCoScheduler:
         self.prefill = PrefillEstimate(settings)
         self._tool_of: dict[str, str | None] = {}
         """The tool each pinned session's call said it would run."""
-        self._partial: set[str] = set()
-        """The call started on less than its whole prompt, while in its prompt."""
+        self._partial: CallView | None = None
+        """The call started on less than its whole prompt, until it is seen out of it."""
+        self._partial_preemptions = 0
+        """Its preemptions when it started."""
 
     def on_event(self, event: AnyEvent) -> None:
         self.prefill.observe(event)
@@ -105,20 +107,27 @@ class OpportunisticCoScheduler:
             self._tool_of.pop(event.session_id, None)
 
     def chunk(self, call: CallView, tokens: int, fit_tokens: int, view: EngineView) -> int:
-        opportunistic = call.call_id in self._partial
+        partial = self._partial
+        opportunistic = partial is not None and partial.call_id == call.call_id
         if tokens <= fit_tokens and not opportunistic:
             return tokens  # the common case, at every prefill step: nothing to read
         # A call has computed tokens only once it runs (both engines reset them when
         # they preempt): cheaper than looking for it among the running calls.
         running = call.num_computed_tokens > 0
         if opportunistic:
-            fit_tokens -= self.growth_blocks(view, besides=call) * view.block_size
+            others = view.running_growth_blocks
+            if running:
+                others -= growth_blocks(call, view.blocks_for)
+            fit_tokens -= others * view.block_size
         if tokens <= fit_tokens:
             return tokens
         # A call started on less than its prompt goes on only on free blocks: it
         # evicts nothing while another call runs (NOTE: ours, as the start rule).
-        evicts = running and not (opportunistic and len(view.running) > 1)
-        return shrink_chunk(tokens, max(fit_tokens, 0), view.block_size, running=evicts)
+        evicts = running and (not opportunistic or len(view.running) == 1)
+        chunk = shrink_chunk(tokens, max(fit_tokens, 0), view.block_size, running=evicts)
+        if opportunistic and not running and chunk == 0:
+            self._partial = None  # it did not start
+        return chunk
 
     def may_start_partial(self, call: CallView, view: EngineView) -> bool:
         """Only the selected call, the first that does not fit whole, only on blocks
@@ -130,25 +139,33 @@ class OpportunisticCoScheduler:
         one start at a time on any free block still preempted in a loop."""
         if view.free_blocks < 1:
             return False
-        if self._partial:
-            in_prompt = {c.call_id for c in view.running if c.num_computed_tokens < c.prompt_tokens}
-            self._partial &= in_prompt
-            if self._partial:
-                return False
-        if view.free_blocks - self.growth_blocks(view) < 1:
+        partial = self._partial
+        if partial is not None and partial.call_id != call.call_id and self.in_prompt(partial):
             return False
-        self._partial.add(call.call_id)
+        if view.free_blocks - view.running_growth_blocks < 1:
+            return False
+        self._partial = call
+        self._partial_preemptions = call.num_preemptions
         return True
 
-    @staticmethod
-    def growth_blocks(view: EngineView, besides: CallView | None = None) -> int:
-        """Blocks the running calls (but ``besides``) still need to reach their prompt
-        and max tokens."""
-        return sum(
-            max(view.blocks_for(c.prompt_tokens + c.max_tokens) - view.blocks_for(c.num_tokens), 0)
-            for c in view.running
-            if c is not besides
+    def in_prompt(self, partial: CallView) -> bool:
+        """Whether the partial start is running and still in its prompt, read from the
+        call alone (looking for it among the running calls at every step cost more
+        than the rest of MARS's step): it has computed tokens only once it runs, and
+        both engines count a preemption. One scheduled in this very step has none
+        yet: it keeps its mark, and its growth keeps another call from starting on
+        the same blocks. One that left the engine otherwise (aborted) looks in its
+        prompt until ``forget_gone_partial``."""
+        return (
+            partial.num_preemptions == self._partial_preemptions
+            and 0 < partial.num_computed_tokens < partial.prompt_tokens
         )
+
+    def forget_gone_partial(self, view: EngineView) -> None:
+        """Forget the partial start if it is not running (``in_prompt``)."""
+        partial = self._partial
+        if partial is not None and all(c.call_id != partial.call_id for c in view.running):
+            self._partial = None
 
     def recompute_s(self, tokens: int, view: EngineView) -> float | None:
         """What a cold resume of ``tokens`` of context costs the GPU (None: unknown)."""

@@ -57,6 +57,7 @@ class MarsScheduler(EngineHalf):
         return self.co_scheduler.on_call_finished(call, view)
 
     def tick(self, view: EngineView) -> Sequence[SessionAction]:
+        self.co_scheduler.forget_gone_partial(view)
         return self.co_scheduler.review(view.pins, view)
 
 
