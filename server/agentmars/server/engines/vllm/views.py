@@ -175,9 +175,6 @@ class RequestCalls(Sequence["CallView"]):
     def __len__(self) -> int:
         return len(self._requests)
 
-    def __bool__(self) -> bool:
-        return bool(self._requests)
-
     def __iter__(self) -> Iterator[CallView]:
         call = self._view.call
         return (call(request) for request in self._requests)
