@@ -6,7 +6,7 @@ one, a resumed one) or a call's kept sort key goes (its session's pin changed, o
 policy's refresh came). Only those calls are put back in their place; the whole queue
 is sorted when it was never sorted, when keys are not kept (the policy's priority may
 change at any step), or when many calls moved at once. Sorting all of it at every
-step cost a MARS step a tenth of stock vLLM's ``schedule()`` (bench_schedule).
+step cost a MARS step about 5% of stock vLLM's ``schedule()`` (bench_schedule's queue).
 
 A key is ``(session id, sort key)``: the session tells which keys a pin change
 invalidates. Imports no vLLM: requests are read by attribute.
