@@ -98,7 +98,7 @@ def test_bench_plugin_prints_and_writes_the_figures(
     assert figures["passed"] == all(
         ratio["paired"] <= 1.10 for ratio in figures["schedule_ratio_to_stock"].values()
     )
-    for name in ("vLLM", "fcfs", "continuum", "x p50"):
+    for name in ("vLLM", "fcfs", "continuum", "x p50", "prefix lookups"):
         assert name in done.stdout
 
 

@@ -87,6 +87,7 @@ def table(figures: dict[str, Any]) -> Table:
         caption += "Every call generated the same tokens under each scheduler."
     else:
         caption += "[red]The schedulers' calls generated different token counts.[/red]"
+    caption += " " + lookups_line(figures["schedulers"])
     result = Table(title=title, caption=caption)
     columns = (
         "scheduler", "steps", "p50 µs", "mean µs", "x p50", "x mean", "x run", "x paired", "result",
@@ -108,6 +109,17 @@ def table(figures: dict[str, Any]) -> Table:
             "" if name == "stock" else verdict(ratio["paired"] <= TARGET_RATIO),
         )
     return result
+
+
+def lookups_line(schedulers: dict[str, Any]) -> str:
+    """vLLM's own prefix-cache lookups per scheduler: work inside ``schedule()`` that
+    grows with the hits a policy's kept KV gives, not with the plugin's decisions."""
+    parts = [
+        f"{'vLLM' if name == 'stock' else name} {row['prefix_lookups']['us_per_step']:.1f} µs "
+        f"({row['prefix_lookups']['hit_tokens_mean']:.0f} tokens hit)"
+        for name, row in schedulers.items()
+    ]
+    return "vLLM's prefix lookups per step (mean hit): " + ", ".join(parts) + "."
 
 
 def run(options: PluginBenchOptions, json_out: Path | None) -> dict[str, Any]:

@@ -87,6 +87,13 @@ def test_both_schedulers_finish_every_call_with_the_same_tokens(
         assert (row["calls_finished"], row["output_tokens"]) == (18, expected_tokens), name
         assert row["schedule"]["calls"] == row["steps_per_run"] > 0
         assert row["schedule"]["p50_us"] > 0
+        # Every call is looked up at least once when vLLM's waiting loop reaches it.
+        lookups = row["prefix_lookups"]
+        assert lookups["per_step"] * row["steps_per_run"] >= 18, name
+        assert lookups["us_per_step"] > 0
+    # The second and third turns find their session's earlier context cached (6
+    # sessions' contexts fit in 160 blocks but for the waiting ones).
+    assert figures["schedulers"]["continuum"]["prefix_lookups"]["hit_tokens_mean"] > 0
     assert figures["same_tokens"] is True
     ratios = figures["schedule_ratio_to_stock"]
     assert set(ratios) == {"fcfs", "continuum", "mars"}

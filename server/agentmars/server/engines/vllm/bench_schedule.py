@@ -164,6 +164,40 @@ class RunResult:
     preemptions: int = 0
 
 
+@dataclass
+class PrefixLookups:
+    """vLLM's own prefix-cache lookups over a run (``get_computed_blocks``, made for a
+    waiting call each time vLLM's waiting loop reaches it): a policy that keeps KV
+    makes the hits longer, and each lookup walks every block of its hit. Counted in
+    the unrecorded warm-up run only, so the timed runs carry no instrument."""
+
+    lookups: int = 0
+    hit_tokens: int = 0
+    ns: int = 0
+
+    def watch(self, scheduler: Any) -> None:
+        """Count the scheduler's lookups from now on."""
+        manager = scheduler.kv_cache_manager
+        lookup = manager.get_computed_blocks
+
+        def counted(request: Any) -> Any:
+            started = time.perf_counter_ns()
+            found = lookup(request)
+            self.ns += time.perf_counter_ns() - started
+            self.lookups += 1
+            self.hit_tokens += found[1]
+            return found
+
+        manager.get_computed_blocks = counted
+
+    def figures(self, steps: int) -> dict[str, float]:
+        return {
+            "per_step": self.lookups / max(steps, 1),
+            "hit_tokens_mean": self.hit_tokens / max(self.lookups, 1),
+            "us_per_step": self.ns / 1000 / max(steps, 1),
+        }
+
+
 # --- the real vLLM scheduler (imports vLLM) ------------------------------------------
 
 
@@ -349,9 +383,15 @@ def compare(
     run_means: dict[str, list[float]] = {n: [] for n in names}
     tokens: dict[str, dict[str, int]] = {}
     preemptions: dict[str, int] = {}
+    lookups: dict[str, dict[str, float]] = {}
     for name in names:
-        # Unrecorded: the first run of each warms its code paths and the allocator.
-        drive(make_scheduler(name, model, engine), name, sessions, engine.block_size)
+        # Unrecorded: the first run of each warms its code paths and the allocator,
+        # and counts vLLM's prefix lookups (the runs are deterministic: the timed ones
+        # make the same).
+        scheduler, counter = make_scheduler(name, model, engine), PrefixLookups()
+        counter.watch(scheduler)
+        warm = drive(scheduler, name, sessions, engine.block_size)
+        lookups[name] = counter.figures(len(warm.schedule_ns))
     for name in _rounds(names, reps):
         scheduler = make_scheduler(name, model, engine)
         # A collection in the middle of one run would land on one scheduler only.
@@ -367,7 +407,7 @@ def compare(
         tokens[name] = result.output_tokens
         preemptions[name] = result.preemptions
         progress(f"{name}: {len(result.schedule_ns)} steps")
-    return _report(queue, engine, reps, pooled, run_means, tokens, preemptions)
+    return _report(queue, engine, reps, pooled, run_means, tokens, preemptions, lookups)
 
 
 def _report(
@@ -378,6 +418,7 @@ def _report(
     run_means: dict[str, list[float]],
     tokens: dict[str, dict[str, int]],
     preemptions: dict[str, int],
+    lookups: dict[str, dict[str, float]],
 ) -> dict[str, Any]:
     figures: dict[str, Any] = {
         name: {
@@ -388,6 +429,7 @@ def _report(
             "preemptions_per_run": preemptions[name],
             "calls_finished": len(tokens[name]),
             "output_tokens": sum(tokens[name].values()),
+            "prefix_lookups": lookups[name],
         }
         for name, samples in pooled.items()
     }
