@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentmars.sdk.events import ToolEnd, ToolStart
+from agentmars.sdk.events import SessionEnd, ToolEnd, ToolStart
 from agentmars.server.web.serving import free_loopback_port
 from tests.cli.serving import wait_for
 
@@ -136,3 +137,51 @@ def test_bad_options_exit_2_with_a_message(args: tuple[str, ...], says: str) -> 
     done = _run(*args)
     assert done.returncode == 2
     assert says in done.stderr
+
+
+def test_without_a_token_on_loopback_serve_makes_one_and_prints_it_once() -> None:
+    port = free_loopback_port()
+    env = {k: v for k, v in os.environ.items() if k != "AGENTMARS_GATEWAY_TOKEN"}
+    process = subprocess.Popen(
+        [*CLI, "--engine", "sim", "--profile", "cpu-tiny", "--port", str(port)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        assert "no $AGENTMARS_GATEWAY_TOKEN, so this gateway's token is" in line
+        token = line.split("token is ")[1].split()[0]
+        wait_for(base + "/healthz", process, timeout_s=30)
+        end = [SessionEnd(session_id="s9", source="sdk").model_dump(mode="json")]
+        assert httpx.post(base + "/v1/events", json=end, timeout=5).status_code == 401
+        bearer = {"Authorization": f"Bearer {token}"}
+        assert (
+            httpx.post(base + "/v1/events", json=end, headers=bearer, timeout=5).status_code == 200
+        )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    assert process.returncode == 0
+
+
+def test_without_a_token_beyond_loopback_serve_refuses() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "AGENTMARS_GATEWAY_TOKEN"}
+    done = subprocess.run(
+        [*CLI, "--engine", "sim", "--profile", "cpu-tiny", "--host", "0.0.0.0"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--host 0.0.0.0 is reachable from other machines" in done.stderr
+
+
+def test_a_busy_port_is_refused_before_any_banner() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = _run("--engine", "sim", "--profile", "cpu-tiny", "--port", str(port))
+    assert done.returncode == 2
+    assert f"the gateway cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "gateway on" not in done.stdout and "Traceback" not in done.stderr

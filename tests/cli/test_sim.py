@@ -157,3 +157,28 @@ def test_a_policy_with_settings_runs_apart_from_its_defaults(tmp_path: Path) -> 
     assert settings["mars"]["aimd_beta"] == 0.5
     assert settings["mars:aimd_beta=0.7:levels=8"]["aimd_beta"] == 0.7
     assert settings["mars:aimd_beta=0.7:levels=8"]["levels"] == 8
+
+
+def test_a_workload_file_arrives_at_the_rate_given_or_as_recorded(tmp_path: Path) -> None:
+    from agentmars.server.workloads.files import save_workload
+    from agentmars.server.workloads.registry import build_workload
+
+    # Recorded arrivals 100 s apart: alone, every session runs by itself.
+    recorded = build_workload("react", sessions=8, seed=2, rate=0.01)
+    path = tmp_path / "react.jsonl"
+    save_workload(recorded, path)
+    means = {}
+    for label, load in (("recorded", ()), ("fast", ("--rate", "50"))):
+        out = tmp_path / label
+        done = _sim(
+            "run", "--workload", str(path), *load, "--policies", "fcfs", "--no-report",
+            "--out", str(out),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (run,) = SweepResult.read(out / "results.json").runs
+        assert run.rate == (50.0 if load else None) and run.summary.sessions == 8
+        assert run.summary.latency_s is not None
+        means[label] = run.summary.latency_s.mean
+    assert "at 50 sessions/s" in done.stdout
+    # At 50 sessions/s they share the engine and the host: slower than when alone.
+    assert means["fast"] > means["recorded"] * 1.05

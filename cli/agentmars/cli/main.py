@@ -628,17 +628,14 @@ def serve(
     ] = None,
 ) -> None:
     """Run an engine with the agentmars scheduler in it and the gateway in front of it
-    (token for the event endpoints: $AGENTMARS_GATEWAY_TOKEN); Ctrl-C stops both.
+    (token for the event endpoints: $AGENTMARS_GATEWAY_TOKEN; on loopback, made and
+    printed when unset); Ctrl-C stops both.
     --engine vllm: vLLM with the plugin (--model); --engine sim: the simulated engine
     paced to the wall clock (--profile), no GPU needed."""
     import os
 
-    token = os.environ.get("AGENTMARS_GATEWAY_TOKEN", "")
-    if not token:
-        typer.echo(
-            "error: set $AGENTMARS_GATEWAY_TOKEN (the event endpoints' bearer token)", err=True
-        )
-        raise typer.Exit(2)
+    token = _gateway_token(os.environ.get("AGENTMARS_GATEWAY_TOKEN", ""), host)
+    _check_can_listen(host, port)
     if engine is Engine.sim:
         vllm_only = [name for name, value in (("--model", model), ("--vllm-python", vllm_python),
                      ("--cores", cores), ("--vllm-arg", vllm_arg)) if value]  # fmt: skip
@@ -673,6 +670,43 @@ def serve(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+def _gateway_token(token: str, host: str) -> str:
+    """The event endpoints' bearer token: ``$AGENTMARS_GATEWAY_TOKEN``, or on loopback a
+    new one, printed once (as notebook servers do: only this machine can reach it, and
+    whoever started it reads the token here)."""
+    import secrets
+
+    from agentmars.server.web.serving import is_loopback
+
+    if token:
+        return token
+    if not is_loopback(host):
+        typer.echo(
+            f"error: --host {host} is reachable from other machines: set "
+            "$AGENTMARS_GATEWAY_TOKEN (the event endpoints' bearer token)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    token = secrets.token_urlsafe(24)
+    typer.echo(
+        f"agentmars: no $AGENTMARS_GATEWAY_TOKEN, so this gateway's token is {token} "
+        "(set the variable to choose it)",
+        err=True,
+    )
+    return token
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """Refuse before an engine starts (vLLM takes a minute) if the gateway could not
+    listen on ``host:port``."""
+    from agentmars.server.web.serving import cannot_listen
+
+    problem = cannot_listen(host, port)
+    if problem is not None:
+        typer.echo(f"error: the gateway cannot listen on {host}:{port}: {problem}", err=True)
+        raise typer.Exit(2)
 
 
 def _serve_sim(

@@ -12,6 +12,9 @@ LLM clients are instrumented by ``agentmars.sdk.integrations.openai`` and
 ``agentmars.sdk.integrations.litellm``.
 """
 
+from typing import Any
+
+from agentmars.sdk import sinks
 from agentmars.sdk.calls import KV_BLOCK_SIZE, Hints, LLMCall, ToolCall, hints, llm_call, tool
 from agentmars.sdk.emitter import Emitter, Sink, configure, default_emitter
 from agentmars.sdk.events import (
@@ -28,6 +31,9 @@ from agentmars.sdk.events import (
 from agentmars.sdk.session import NoActiveSession, Session, current_session, session
 from agentmars.sdk.sinks import JsonlSink, MemorySink
 
+# Sinks that need the HTTP client or the OpenTelemetry SDK load on first use here too.
+_LAZY_SINKS = frozenset({"HttpSink", "OTelSink"})
+
 __all__ = [
     "KV_BLOCK_SIZE",
     "SCHEMA_VERSION",
@@ -36,11 +42,13 @@ __all__ = [
     "Event",
     "EventError",
     "Hints",
+    "HttpSink",
     "JsonlSink",
     "LLMCall",
     "MalformedEvent",
     "MemorySink",
     "NoActiveSession",
+    "OTelSink",
     "Session",
     "Sink",
     "ToolCall",
@@ -56,3 +64,9 @@ __all__ = [
     "session",
     "tool",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SINKS:
+        return getattr(sinks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

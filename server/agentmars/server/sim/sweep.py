@@ -25,6 +25,7 @@ from agentmars.server.metrics.summary import summarize
 from agentmars.server.policies.registry import make_policy
 from agentmars.server.profiles.cost_model import Profile, load_profile
 from agentmars.server.sim.engine import SimConfig, SimEngine, isolated_sessions
+from agentmars.server.workloads.arrivals import rearrive
 from agentmars.server.workloads.files import load_workload
 from agentmars.server.workloads.model import Workload
 from agentmars.server.workloads.registry import build_workload
@@ -42,8 +43,10 @@ FAIRNESS_REFERENCE = "vtc"
 
 @dataclass(frozen=True)
 class SweepPlan:
-    """What to run. ``workloads``: registered names, or paths of workload files (run
-    as recorded: ``rates`` and ``sessions`` do not apply to them)."""
+    """What to run. ``workloads``: registered names, or paths of workload files
+    (``sessions`` does not apply to them; with ``rates`` or ``concurrency`` their
+    sessions arrive by that process instead of their recorded times, and with neither,
+    allowed when every workload is a file, as recorded)."""
 
     workloads: tuple[str, ...]
     policies: tuple[str, ...]
@@ -58,8 +61,14 @@ class SweepPlan:
     def __post_init__(self) -> None:
         if not self.workloads or not self.policies:
             raise SweepError("a sweep needs at least one workload and one policy")
-        if bool(self.rates) == (self.concurrency is not None):
-            raise SweepError("give arrival rates or a closed-loop concurrency, not both or neither")
+        if self.rates and self.concurrency is not None:
+            raise SweepError("give arrival rates or a closed-loop concurrency, not both")
+        generated = [name for name in self.workloads if not is_workload_file(name)]
+        if generated and not self.rates and self.concurrency is None:
+            raise SweepError(
+                f"{', '.join(generated)}: a generated workload needs arrival rates or a "
+                "closed-loop concurrency (only workload files run as recorded)"
+            )
         if any(rate <= 0 for rate in self.rates):
             raise SweepError("arrival rates must be positive")
         if self.sessions < 1:
@@ -85,9 +94,14 @@ class _Point:
     rate: float | None
 
 
+def is_workload_file(name: str) -> bool:
+    return Path(name).suffix in {".jsonl", ".json"} or Path(name).exists()
+
+
 def make_workload(plan: SweepPlan, name: str, rate: float | None, limit: int) -> Workload:
-    if Path(name).suffix in {".jsonl", ".json"} or Path(name).exists():
-        return load_workload(Path(name))
+    if is_workload_file(name):
+        recorded = load_workload(Path(name))
+        return rearrive(recorded, seed=plan.seed, rate=rate, concurrency=plan.concurrency)
     return build_workload(
         name,
         sessions=plan.sessions,

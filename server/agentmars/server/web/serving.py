@@ -9,6 +9,7 @@ own GIL and core). Both wait until the server answers and always stop it.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -52,6 +53,33 @@ def serve_in_thread(
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (an address, or ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cannot_listen(host: str, port: int) -> str | None:
+    """Why a server could not listen on ``host:port`` now (the port in use, the address
+    not this machine's), or None. Binds as uvicorn does (``SO_REUSEADDR``), so a port
+    left in TIME_WAIT counts as free."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as error:
+        return f"cannot resolve {host!r} ({error.strerror})"
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return error.strerror or str(error)
+    return None
 
 
 def free_loopback_port() -> int:
