@@ -14,18 +14,23 @@ Session metadata is read where vLLM's plugin reads it (``engines/vllm/views.py``
 Tokens are synthetic. NOTE: ours — a text prompt counts one token per
 ``CHARS_PER_TOKEN`` characters (rounded up; the SDK's projection uses the same ratio),
 a chat prompt is its messages rendered as ``<|role|>content`` lines and counted the
-same way, and a token-id prompt counts its ids. The answer is ``max_tokens`` words of a
-fixed vocabulary (no end-of-sequence: ``finish_reason`` is always ``length``), and with
+same way, and a token-id prompt counts its ids. What the answer's tokens say is
+``replies``' (words of a fixed vocabulary, cut by ``stop``; a JSON document for
+``response_format``; a tool call, chosen by ``tool_calls``), and with
 ``return_token_ids`` each chunk carries its token's id (``token_id``), as vLLM's do, so
 a client can append the answer to its next token-id prompt; without
 ``max_tokens`` a call generates ``DEFAULT_MAX_TOKENS`` (vLLM would go on to the end of
-the context, which a model without an end token would really do).
+the context, which a model without an end token would really do). ``echo`` (completions)
+starts the answer with the prompt (a token id as its vocabulary word); ``logprobs`` are
+refused.
 
 Errors carry vLLM's body (``{"error": {"message", "type", "param", "code"}}``): 400 for
 a body that is not a JSON object of valid Unicode (a lone surrogate such as ``"\ud800"``
 anywhere in it), a field of the wrong type or out of range (``vllm_xargs`` as the
 gateway checks it, ``call_metadata``), ``max_tokens`` above the context and a prompt the
-context cannot hold (vLLM 0.32's messages); 404 for another model.
+context cannot hold (vLLM 0.32's messages), a field the twin refuses (``logprobs``,
+chat's ``echo``, an unknown ``response_format``, a ``tool_choice`` naming no offered
+function); 404 for another model.
 
 This module is the twin's web layer (``engines.twin.engine`` imports no web framework,
 so the twin's engine installs where the simulator does).
@@ -40,6 +45,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -55,6 +61,15 @@ from agentmars.server.engines.twin.engine import (
     LiveError,
     output_limit_error,
 )
+from agentmars.server.engines.twin.replies import (
+    Reply,
+    echoes,
+    refuse_logprobs,
+    reply_for,
+    token_id,
+    token_text,
+)
+from agentmars.server.engines.twin.tool_calls import SessionHints, tool_call_for
 from agentmars.server.web.client_watch import ClientGone, ClientWatch, ClosingStreamingResponse
 
 CHARS_PER_TOKEN = 4
@@ -64,8 +79,6 @@ XARGS_INTS = (-(2**63), 2**64)
 """Integers ``vllm_xargs`` may carry (vLLM checks its ``extra_args`` so: its engine's
 MessagePack transport holds 64 bits)."""
 DEFAULT_MAX_TOKENS = 16
-WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
-"""The synthetic answer's vocabulary: token ``i`` is ``WORDS[i % 8]`` and a space."""
 
 
 class ApiError(Exception):
@@ -130,12 +143,18 @@ def _lone_surrogate(body: object) -> str | None:
     return None
 
 
+def _one_prompt(body: Mapping[str, Any]) -> object:
+    """A completions request's prompt (a list of one prompt is that prompt)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        return prompt[0]
+    return prompt
+
+
 def completion_prompt(body: Mapping[str, Any]) -> tuple[str, int]:
     """(content, tokens) of a completions prompt: a string, token ids, or one of either
     in a list (several prompts in one request are not served)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
+    prompt = _one_prompt(body)
     if isinstance(prompt, str):
         return prompt, synthetic_tokens(prompt)
     if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
@@ -303,6 +322,32 @@ def call_request(
     )
 
 
+def _session_hints(engine: LiveEngine, body: Mapping[str, Any], call: CallRequest) -> SessionHints:
+    """What the call's session metadata says of its answer (``expects_tool`` None when
+    the client did not say)."""
+    said = "expects_tool" in _xargs(body)
+    expects = call.expects_tool if said else None
+    return SessionHints(engine.next_turn(call), expects, call.next_tool)
+
+
+def planned_reply(
+    engine: LiveEngine, body: Mapping[str, Any], call: CallRequest, *, chat: bool
+) -> Reply:
+    """What the call's tokens will say; ``LiveError`` for a field the twin refuses."""
+    refuse_logprobs(body, chat=chat)
+    span = engine.check(call.prompt_tokens, call.max_tokens)
+    tool_call = tool_call_for(body, _session_hints(engine, body, call)) if chat else None
+    return reply_for(body, tool_call, span)
+
+
+def _echo(body: Mapping[str, Any]) -> str:
+    """The prompt as the answer echoes it: its text, or its token ids' words (the
+    vocabulary's, as the answer's own ids map to them)."""
+    prompt = _one_prompt(body)
+    assert isinstance(prompt, str | list)  # call_request checked it
+    return prompt if isinstance(prompt, str) else "".join(token_text(t) for t in prompt)
+
+
 def _stream_usage(body: Mapping[str, Any]) -> tuple[bool, bool]:
     """(a usage chunk at the end, usage on every chunk), as vLLM reads
     ``stream_options``' ``include_usage`` and ``continuous_usage_stats``."""
@@ -313,15 +358,6 @@ def _stream_usage(body: Mapping[str, Any]) -> tuple[bool, bool]:
 
 
 # --- answers -----------------------------------------------------------------------------
-
-
-def token_text(index: int) -> str:
-    return WORDS[index % len(WORDS)] + " "
-
-
-def token_id(index: int) -> int:
-    """The synthetic id of answer token ``index`` (its word's place in ``WORDS``)."""
-    return index % len(WORDS)
 
 
 def _usage(stream: CallStream, completion: int | None = None) -> dict[str, Any]:
@@ -340,11 +376,16 @@ def _usage(stream: CallStream, completion: int | None = None) -> dict[str, Any]:
 class Answer:
     """One request's answer in the chat or the completions format."""
 
-    def __init__(self, model: str, *, chat: bool, token_ids: bool = False) -> None:
+    def __init__(
+        self, model: str, reply: Reply, *, chat: bool, token_ids: bool = False, echo: str = ""
+    ) -> None:
         self.model = model
+        self.reply = reply
         self.chat = chat
         self.token_ids = token_ids
         """Each choice carries its tokens' ids (vLLM's ``return_token_ids``)."""
+        self.echo = echo
+        """What the text starts with (the prompt, for the completions API's ``echo``)."""
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -362,30 +403,56 @@ class Answer:
 
     def chunk(self, index: int | None, finish: str | None) -> dict[str, Any]:
         """Answer token ``index``'s chunk (None: the chat stream's opening role chunk)."""
-        text = "" if index is None else token_text(index)
         if not self.chat:
+            text = "" if index is None else self.reply.piece(index)
+            text = self.echo + text if index == 0 else text
             choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None}
             choice |= {"finish_reason": finish, "stop_reason": None}
         else:
-            delta = {"content": text} if index is not None else {"role": "assistant", "content": ""}
+            delta = {"role": "assistant", "content": ""} if index is None else self._delta(index)
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         if self.token_ids:
             choice["token_ids"] = [] if index is None else [token_id(index)]
         return self._envelope([choice], chunk=True)
 
+    def _delta(self, index: int) -> dict[str, Any]:
+        """Token ``index``'s delta: content, or a piece of the tool call in OpenAI's
+        chunk format (its id, type and name with the first piece of its arguments)."""
+        call = self.reply.tool_call
+        if call is None:
+            return {"content": self.reply.piece(index)}
+        piece: dict[str, Any] = {"index": 0, "function": {"arguments": self.reply.piece(index)}}
+        if index == 0:
+            piece |= {"id": call.id, "type": "function"}
+            piece["function"] = {"name": call.name, **piece["function"]}
+        return {"tool_calls": [piece]}
+
+    def _message(self, said: str) -> dict[str, Any]:
+        """The whole chat message: its content, or its tool call (arguments ``said``)."""
+        call = self.reply.tool_call
+        if call is None:
+            return {"role": "assistant", "content": said, "tool_calls": []}
+        function = {"name": call.name, "arguments": said}
+        tool_call = {"id": call.id, "type": "function", "function": function}
+        return {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+
     def usage_chunk(self, stream: CallStream) -> dict[str, Any]:
         return {**self._envelope([], chunk=True), "usage": _usage(stream)}
 
     def whole(self, stream: CallStream) -> dict[str, Any]:
-        text = "".join(token_text(i) for i in range(stream.call.output_tokens))
+        produced = stream.call.output_tokens
+        text = "".join(self.reply.piece(i) for i in range(produced))
         if self.chat:
-            message = {"role": "assistant", "content": text, "tool_calls": []}
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None}
+            choice: dict[str, Any] = {"index": 0, "message": self._message(text)}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "stop_reason": None}
-        choice["finish_reason"] = "length"
+            choice = {"index": 0, "text": self.echo + text, "stop_reason": None}
+        choice["logprobs"] = None
+        # vLLM's reason for a call cut short (only at shutdown: a client that leaves
+        # reads no answer).
+        finished = stream.status == "finished"
+        choice["finish_reason"] = self.reply.finish_reason if finished else "abort"
         if self.token_ids:
-            choice["token_ids"] = [token_id(i) for i in range(stream.call.output_tokens)]
+            choice["token_ids"] = [token_id(i) for i in range(produced)]
         return {**self._envelope([choice], chunk=False), "usage": _usage(stream)}
 
 
@@ -401,9 +468,10 @@ async def _stream_events(
     try:
         if answer.chat:
             yield _sse(answer.chunk(None, None))
+        reply = answer.reply
         async for index in stream.tokens():
-            last = index + 1 == stream.call.max_tokens
-            chunk = answer.chunk(index, "length" if last else None)
+            last = index + 1 == reply.length
+            chunk = answer.chunk(index, reply.finish_reason if last else None)
             yield _sse({**chunk, "usage": _usage(stream, index + 1)} if continuous else chunk)
         if final_usage:
             yield _sse(answer.usage_chunk(stream))
@@ -499,12 +567,15 @@ def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
             raise ApiError(404, f"The model `{body['model']}` does not exist.", "model")
         limit = engine.profile.max_model_len
         try:
-            stream = engine.submit(
-                call_request(body, request.headers, chat=chat, max_model_len=limit)
-            )
+            call = call_request(body, request.headers, chat=chat, max_model_len=limit)
+            reply = planned_reply(engine, body, call, chat=chat)
+            echo = _echo(body) if echoes(body, chat=chat) else ""
+            planned = replace(call, ends_after=reply.tokens, finish_reason=reply.finish_reason)
+            stream = engine.submit(planned)
         except LiveError as exc:
             raise ApiError(400, str(exc), exc.param) from None
-        answer = Answer(served, chat=chat, token_ids=body.get("return_token_ids") is True)
+        token_ids = body.get("return_token_ids") is True
+        answer = Answer(served, reply, chat=chat, token_ids=token_ids, echo=echo)
         if body.get("stream"):
             events = _stream_events(engine, stream, answer, _stream_usage(body))
             return ClosingStreamingResponse(events, media_type="text/event-stream")

@@ -24,9 +24,10 @@ common prefix's full blocks. Output tokens are counted into the cached context a
 the client sent them back verbatim.
 
 Not modelled: cross-session prefix sharing (identical system prompts of different
-sessions do not share blocks), stop sequences or an end-of-sequence token (every call
-generates its ``max_tokens``), speculative decoding, sampling. Session admission is the
-gateway's: this engine serves every call it gets.
+sessions do not share blocks), an end-of-sequence token (every call generates its
+``max_tokens``, unless the API says a stop string ends it sooner: ``ends_after``),
+speculative decoding, sampling. Session admission is the gateway's: this engine serves
+every call it gets.
 """
 
 from __future__ import annotations
@@ -114,15 +115,23 @@ class CallRequest:
     """The agent instance the session is a branch of (seed 004; None: the session)."""
     call_id: str | None = None
     """The id the SDK and the gateway gave the call (None: the engine makes one)."""
+    ends_after: int | None = None
+    """The answer ends on this token, before ``max_tokens`` (a stop string in its text);
+    None: it runs to ``max_tokens``."""
+    finish_reason: str = "length"
+    """What ``LLMEnd.finish_reason`` says when the answer is over (the API knows:
+    "length", "stop" or "tool_calls")."""
 
 
 class CallStream:
     """A submitted call as its client reads it: one item per generated token."""
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, request: CallRequest) -> None:
         self.call = call
         self.status = "running"
-        """Then "finished" (all ``max_tokens`` generated) or "aborted"."""
+        """Then "finished" (all its tokens generated) or "aborted"."""
+        self.ends_after = request.ends_after
+        self.finish_reason = request.finish_reason
         self._queue: asyncio.Queue[bool] = asyncio.Queue()
 
     async def tokens(self) -> AsyncIterator[int]:
@@ -289,7 +298,7 @@ class LiveEngine(KVEngineView, FollowsTools):
             raise LiveError(f"the call cannot be served: {where}: {problem['msg']}") from None
         live.calls += 1
         live.in_flight += 1
-        stream = self._streams[call] = CallStream(call)
+        stream = self._streams[call] = CallStream(call, request)
         if live.session.paused:
             live.session.held.append(call)
         else:
@@ -297,12 +306,20 @@ class LiveEngine(KVEngineView, FollowsTools):
             self._work.set()
         return stream
 
+    def next_turn(self, request: CallRequest) -> int:
+        """The turn ``request`` is in its session: the client's, else the session's
+        calls so far."""
+        if request.turn is not None:
+            return request.turn
+        live = self._sessions.get(request.session_id) if request.session_id else None
+        return live.calls if live is not None else 0
+
     def _new_call(
         self, request: CallRequest, call_id: str, max_tokens: int
     ) -> tuple[_LiveSession, Call]:
         live = self._live_session(request, call_id)
         now = self.now
-        turn = request.turn if request.turn is not None else live.calls
+        turn = self.next_turn(request)
         call = Call(
             call_id=call_id,
             session=live.session,
@@ -480,6 +497,10 @@ class LiveEngine(KVEngineView, FollowsTools):
         call.output_tokens += 1
         self.counters.generation_tokens += 1
         stream._push()
+        if call.output_tokens == stream.ends_after:
+            # A stop string ends the call here, as in vLLM: the policy saw the client's
+            # max_tokens until now, and ``finished`` holds from here for everyone.
+            call.max_tokens = call.output_tokens
         if call.finished:
             self._finish_call(call, stream)
 
@@ -516,8 +537,8 @@ class LiveEngine(KVEngineView, FollowsTools):
             cached_tokens=call.record.cached_tokens,
             output_tokens=call.output_tokens,
             freed_blocks=freed,
-            finish_reason="length" if status == "finished" else None,
-            ended_in_tool_call=call.expects_tool,
+            finish_reason=stream.finish_reason if status == "finished" else None,
+            ended_in_tool_call=status == "finished" and stream.finish_reason == "tool_calls",
             duration_s=max(self.now - call.arrival_s, 0.0),
         )
         stream._close(status)
