@@ -17,6 +17,8 @@ from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
 from agentmars.server.policies.interface import AdmissionHalf, Policy
 from agentmars.server.web.serving import serve_in_thread
 
+from .scripted_responses import add_responses_route
+
 # Latency the scripted server models; the recorded timings must reflect it.
 LATENCY = ScriptedLatency(first_token_s=0.05, per_token_s=0.01)
 TOOLS = [
@@ -40,6 +42,7 @@ class LLMServer:
 @pytest.fixture(scope="module")
 def llm_server() -> Iterator[LLMServer]:
     app = create_scripted_llm_app(LATENCY)
+    add_responses_route(app, LATENCY)
     with serve_in_thread(app) as url:
         yield LLMServer(url, app)
 

@@ -75,13 +75,12 @@ def test_usage_and_tool_call_reach_llm_end(
 def test_instrument_litellm_patches_module_calls(
     llm_server: LLMServer, emitter: sdk.Emitter, events: sdk.MemorySink
 ) -> None:
-    original = litellm.completion
     agentmars_litellm.instrument_litellm()
     try:
         with sdk.session(emitter=emitter) as s:
             litellm.completion(**_kwargs(llm_server))
     finally:
-        litellm.completion = original
+        agentmars_litellm.uninstrument_litellm()
     _assert_wire(llm_server, s.session_id, turn=0, expects=0)
     assert "llm_end" in events.kinds(s.session_id)
 

@@ -1,10 +1,12 @@
 """What every LLM-client integration does to a request, once.
 
 ``begin_call`` opens an ``LLMCall`` for the current session from the request's
-keyword arguments (model, stream, max_tokens, tools, messages) and writes the
-session metadata into them; ``RecordedStream`` / ``RecordedAsyncStream``
-record first token and end while the caller consumes a stream. The OpenAI
-and LiteLLM integrations only adapt these to their client's call style.
+keyword arguments (model, stream, max tokens, tools, messages or Responses input) and
+writes the session metadata into them; ``RecordedStream`` / ``RecordedAsyncStream``
+record first token and end while the caller consumes a stream. Answers are read in
+both shapes: chat and text completions (``choices``, ``usage.prompt_tokens``) and
+OpenAI's Responses API (``output``, ``usage.input_tokens``, typed stream events). The
+OpenAI and LiteLLM integrations only adapt these to their client's call style.
 
 Wire contract (vLLM 0.32 reads all three, see shared notes on the plugin):
 header ``X-Session-ID``; body ``session_id``; body ``vllm_xargs`` with
@@ -42,6 +44,11 @@ TOOL_PRIORITY_BOUNDS = (-(2**31), 2**31 - 1)
 """The sandbox pool's (``agentmars.sandbox.admission``), so a remembered priority
 always goes to the pool as it is."""
 _INTEGER = re.compile(r"[+-]?[0-9]{1,19}")
+_MAX_TOKENS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+"""Where chat, text completion and Responses requests bound the output."""
+_RESPONSE_ENDED = ("completed", "incomplete", "failed", "cancelled")
+_TOOL_CALL_ITEMS = ("function_call", "custom_tool_call")
+_TOOL_RESULT_ITEMS = ("function_call_output", "custom_tool_call_output")
 CHARS_PER_TOKEN = 4
 """Client-side prompt projection (our choice: ~4 characters per token for
 English and code with BPE tokenizers); the gateway replaces it with the
@@ -49,9 +56,13 @@ engine tokenizer's exact count."""
 
 
 def project_prompt_tokens(kwargs: Mapping[str, Any]) -> int | None:
-    """A cheap estimate of the prompt's tokens from messages or prompt text."""
+    """A cheap estimate of the prompt's tokens from messages, prompt text, or a
+    Responses API request's instructions and input."""
     if "messages" in kwargs:
         text = json.dumps(kwargs["messages"], default=str, ensure_ascii=False)
+    elif "input" in kwargs:
+        instructions = str(kwargs.get("instructions") or "")
+        text = instructions + json.dumps(kwargs["input"], default=str, ensure_ascii=False)
     elif "prompt" in kwargs:
         text = str(kwargs["prompt"])
     else:
@@ -83,12 +94,16 @@ def remember_tool_priority(headers: Mapping[str, str] | None) -> None:
         session.tool_priority = priority
 
 
-def _last_role(messages: Any) -> str | None:
-    if not messages:
-        return None
-    last = messages[-1]
-    role = last.get("role") if isinstance(last, Mapping) else getattr(last, "role", None)
-    return role if isinstance(role, str) else None
+def _ends_in_tool_result(kwargs: Mapping[str, Any]) -> bool:
+    """Whether the chat messages or the Responses input end with a tool's result."""
+    items = kwargs.get("messages", kwargs.get("input"))
+    if not items or isinstance(items, str):
+        return False
+    last = items[-1]
+    return (
+        read_field(last, "role") in ("tool", "function")
+        or read_field(last, "type") in _TOOL_RESULT_ITEMS
+    )
 
 
 def _expects_tool(kwargs: Mapping[str, Any]) -> bool:
@@ -100,7 +115,7 @@ def begin_call(kwargs: dict[str, Any], operation: Operation) -> LLMCall | None:
     ``kwargs``; returns None, leaving ``kwargs`` untouched, outside any session."""
     if current_session() is None:
         return None
-    max_tokens = kwargs.get("max_tokens", kwargs.get("max_completion_tokens"))
+    max_tokens = next((kwargs[k] for k in _MAX_TOKENS if kwargs.get(k) is not None), None)
     call = LLMCall(
         str(kwargs.get("model")) if kwargs.get("model") is not None else None,
         operation=operation,
@@ -109,7 +124,7 @@ def begin_call(kwargs: dict[str, Any], operation: Operation) -> LLMCall | None:
         max_tokens=as_count(max_tokens),
         # A tool result at the end of the context is the authoritative marker;
         # without one the session's own tool bookkeeping decides.
-        follows_tool=True if _last_role(kwargs.get("messages")) in ("tool", "function") else None,
+        follows_tool=True if _ends_in_tool_result(kwargs) else None,
         expects_tool=_expects_tool(kwargs),
     ).submit()
     inject_metadata(kwargs, call)
@@ -147,7 +162,11 @@ def inject_metadata(kwargs: dict[str, Any], call: LLMCall) -> None:
 
 def _carries_output(chunk: Any) -> bool:
     """A chunk with generated content or a tool call marks the first token (a bare
-    role chunk or a usage-only chunk does not)."""
+    role chunk or a usage-only chunk does not); of the Responses API's typed stream
+    events, the deltas do (text, tool arguments, reasoning), the others do not."""
+    event_type = read_field(chunk, "type")
+    if isinstance(event_type, str):
+        return event_type.endswith(".delta") and bool(read_field(chunk, "delta"))
     for choice in read_field(chunk, "choices") or ():
         if read_field(choice, "text"):
             return True
@@ -193,7 +212,7 @@ async def recorded_acall(
 
 def _whole(call: LLMCall, response: Any) -> Any:
     # A whole response shows no first-token time to the client: none is recorded.
-    call.record_response(response)
+    record_answer(call, response)
     call.end()
     return response
 
@@ -201,7 +220,33 @@ def _whole(call: LLMCall, response: Any) -> Any:
 def observe_chunk(call: LLMCall, chunk: Any) -> None:
     if _carries_output(chunk):
         call.first_token()
-    call.record_response(chunk)
+    record_answer(call, chunk)
+
+
+def record_answer(call: LLMCall, answer: Any) -> None:
+    """Record the usage, finish and tool calls of a whole answer or a stream chunk: a
+    chat or text completion's through ``LLMCall.record_response``; a Responses API
+    response's (whole, or in the event of its life that carries it, such as the
+    ``response.completed`` ending a stream) here, its fields having other names. Read as
+    the gateway reads them (``server/gateway/llm_apis.py``), so both report one finish."""
+    is_response = read_field(answer, "object") == "response"
+    response = answer if is_response else read_field(answer, "response")
+    if read_field(response, "object") != "response":
+        call.record_response(answer)
+        return
+    usage = read_field(response, "usage")
+    details = read_field(usage, "input_tokens_details")
+    call.record_usage(
+        prompt_tokens=as_count(read_field(usage, "input_tokens")),
+        output_tokens=as_count(read_field(usage, "output_tokens")),
+        cached_tokens=as_count(read_field(details, "cached_tokens")),
+    )
+    status = read_field(response, "status")
+    if status in _RESPONSE_ENDED:
+        output = read_field(response, "output") or ()
+        calls = any(read_field(item, "type") in _TOOL_CALL_ITEMS for item in output)
+        reason = read_field(read_field(response, "incomplete_details"), "reason") or status
+        call.record_usage(finish_reason=str(reason), ended_in_tool_call=calls)
 
 
 def finish_call(call: LLMCall, exc: BaseException | None) -> None:
