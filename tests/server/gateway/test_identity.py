@@ -146,7 +146,7 @@ def test_the_gateways_events_carry_the_sdks_call_id(engine: Engine, gateway: Gat
             "call_id": call_id,
             "turn": seen.body["vllm_xargs"]["turn"],
             "follows_tool": 0,
-            "expects_tool": 0,
+            "expects_tool": 1,  # the hint names the tool the answer calls
             "agent": "coder",
             "task_id": "t-9",
             "next_tool": "pytest",

@@ -1,5 +1,8 @@
 """The gateway's FastAPI app: OpenAI-compatible pass-through with the policy's
-admission in front, the event hub, the SSE stream and ``/metrics``.
+admission in front of the LLM calls (``llm_apis``), the engine's other routes passed
+through (``passthrough``), the event hub, the SSE stream and ``/metrics``. Any other
+route is a 404, a known route's wrong method a 405, both with an OpenAI-style body
+that lists the routes served.
 
 ``create_gateway_app(GatewayConfig(...))`` builds it; the lifespan opens the aiohttp
 session to the engine, subscribes the admission to the hub and runs a periodic
@@ -18,13 +21,16 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
 
 from agentmars.sdk.events import MAX_COUNT, AnyEvent
 from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard, guarded_server
@@ -32,7 +38,9 @@ from agentmars.sdk.integrations.request import TOOL_PRIORITY_HEADER
 from agentmars.server.gateway.admission import Admission
 from agentmars.server.gateway.call_meta import BadRequest, CallMeta, call_metadata
 from agentmars.server.gateway.events import CallRecorder, CallStatus, stream_router
+from agentmars.server.gateway.llm_apis import LLM_APIS, LLMApi
 from agentmars.server.gateway.metrics import GatewayMetrics
+from agentmars.server.gateway.passthrough import passthrough_router
 from agentmars.server.gateway.plugin_link import PluginLink
 from agentmars.server.gateway.proxy import (
     GatewayError,
@@ -40,6 +48,7 @@ from agentmars.server.gateway.proxy import (
     exchange,
     forwarded_body,
     forwarded_headers,
+    json_object,
     relay,
     upstream_error,
 )
@@ -199,12 +208,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body())
-    except (ValueError, RecursionError) as exc:
-        raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, "request body must be a JSON object")
+    body = json_object(await request.body())
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise GatewayError(400, "'model' must be a string")
@@ -216,10 +220,10 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _complete(gateway: Gateway, request: Request, path: str) -> Response:
+async def _complete(gateway: Gateway, request: Request, api: LLMApi) -> Response:
     body = await _json_body(request)
     try:
-        meta = call_metadata(request.headers, body)
+        meta = call_metadata(request.headers, body, api)
     except BadRequest as exc:
         raise GatewayError(400, str(exc)) from None
     if isinstance(body.get("model"), str):
@@ -229,19 +233,19 @@ async def _complete(gateway: Gateway, request: Request, path: str) -> Response:
             turn = await watch.unless_gone(gateway.admission.enter(meta))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client is gone
-        return await _forward(gateway, request, watch, path, body, meta, turn)
+        return await _forward(gateway, request, watch, api, body, meta, turn)
 
 
 async def _forward(
     gateway: Gateway,
     request: Request,
     watch: ClientWatch,
-    path: str,
+    api: LLMApi,
     body: dict[str, Any],
     meta: CallMeta,
     turn: int,
 ) -> Response:
-    recorder = CallRecorder(gateway.hub, meta, turn, body)
+    recorder = CallRecorder(gateway.hub, meta, turn, body, api)
 
     def done(status: CallStatus, error: str | None) -> None:
         recorder.end(status, error)
@@ -250,7 +254,7 @@ async def _forward(
 
     call = exchange(
         gateway.engine,
-        path,
+        api.path,
         forwarded_body(body, meta, turn),
         forwarded_headers(request, meta),
         stream=bool(body.get("stream")),
@@ -339,24 +343,22 @@ def _body_schema(required: str) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
+def _llm_call(gateway: Gateway, api: LLMApi) -> Callable[[Request], Awaitable[Response]]:
+    async def call(request: Request) -> Response:
+        return await _complete(gateway, request, api)
+
+    return call
+
+
 def _routes(app: FastAPI, gateway: Gateway) -> None:
-    @app.post("/v1/chat/completions", openapi_extra=_body_schema("messages"))
-    async def chat_completions(request: Request) -> Response:
-        """OpenAI chat completions, forwarded after the session is admitted."""
-        return await _complete(gateway, request, "/v1/chat/completions")
-
-    @app.post("/v1/completions", openapi_extra=_body_schema("prompt"))
-    async def completions(request: Request) -> Response:
-        """OpenAI text completions, forwarded after the session is admitted."""
-        return await _complete(gateway, request, "/v1/completions")
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        """The engine's model list (cached)."""
-        answer = await gateway.engine.models()
-        if answer.status >= 400:
-            return upstream_error(answer)
-        return Response(answer.content, media_type="application/json")
+    for api in LLM_APIS:
+        app.add_api_route(
+            api.path,
+            _llm_call(gateway, api),
+            methods=["POST"],
+            summary=api.summary,
+            openapi_extra=_body_schema(api.prompt_field),
+        )
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -374,6 +376,42 @@ async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
     return exc.response()
 
 
+def _served(app: FastAPI) -> str:
+    """The routes of the app's OpenAPI document (built once, then cached by FastAPI)."""
+    paths = app.openapi()["paths"]
+    routes = sorted((path, method.upper()) for path, methods in paths.items() for method in methods)
+    return ", ".join(f"{method} {path}" for path, method in routes)
+
+
+def _route_errors(app: FastAPI) -> None:
+    """A route the gateway does not serve, or a method a route does not take, gets an
+    OpenAI-style error naming the routes served (FastAPI's own is a bare
+    ``{"detail": "Not Found"}``, which an OpenAI client reports as an unknown error)."""
+
+    async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app.router.not_found(scope, receive, send)
+            return
+        message = f"no route {scope['method']} {scope['path']}; supported routes: {_served(app)}"
+        error = GatewayError(404, message, code="route_not_found")
+        await error.response()(scope, receive, send)
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code != 405:  # the event routes' 401 and 429: FastAPI's own body
+            return await http_exception_handler(request, exc)
+        message = (
+            f"{request.url.path} does not take {request.method}; supported routes: {_served(app)}"
+        )
+        error = GatewayError(405, message, code="method_not_allowed", headers=exc.headers)
+        return error.response()
+
+    # Only a request no route matches reaches the router's default: a route's own 404
+    # (an unknown model) keeps its message.
+    app.router.default = not_found
+    app.add_exception_handler(HTTPException, not_allowed)
+
+
 def create_gateway_app(
     config: GatewayConfig, *, hub: EventHub | None = None, policy: Policy | None = None
 ) -> FastAPI:
@@ -382,10 +420,12 @@ def create_gateway_app(
     app = FastAPI(title="agentmars gateway", lifespan=_lifespan)
     app.state.gateway = gateway
     _routes(app, gateway)
+    app.include_router(passthrough_router(lambda: gateway.engine))
     app.include_router(ingest_router(gateway.hub, config.token))
     app.include_router(stream_router(gateway.hub, config.token, lambda: gateway.stopping()))
     install_error_handlers(app)
     app.add_exception_handler(GatewayError, _gateway_error)
+    _route_errors(app)
     app.add_middleware(RequestGuard, max_body_bytes=body_limit)
     return app
 

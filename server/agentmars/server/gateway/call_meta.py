@@ -5,8 +5,9 @@ The SDK's wire contract (``agentmars.sdk.integrations.request``) names the sessi
 header ``X-Session-ID``, body ``session_id`` and ``vllm_xargs.session_id`` and carries
 everything else in ``vllm_xargs``. An agent that does not use the SDK still names its
 conversation in its own ecosystem's fields (OpenAI's ``prompt_cache_key``, LiteLLM's
-``x-litellm-session-id``...): the gateway reads those too, so an unmodified agent gets
-one session per conversation instead of one per call.
+``x-litellm-session-id``, Anthropic's ``metadata.user_id``...): the gateway reads those
+too, so an unmodified agent gets one session per conversation instead of one per call.
+Where each API carries its tool markers and prompt is ``llm_apis``'.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentmars.sdk.events import MAX_COUNT, MAX_SECONDS, new_id
-from agentmars.sdk.integrations.request import SESSION_HEADER, project_prompt_tokens
+from agentmars.sdk.integrations.request import SESSION_HEADER
+from agentmars.server.gateway.llm_apis import CHAT, LLMApi
 
 MAX_NAME = 256
 """Longest id or name accepted (the events' ``Id`` bound)."""
@@ -99,12 +101,27 @@ def _own_session_id(
     return ids[0] if ids else None
 
 
-def _foreign_session_id(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
-    """The first of ``FOREIGN_SESSION_FIELDS`` present; the others are not read."""
-    for place, name in FOREIGN_SESSION_FIELDS:
-        value = body.get(name) if place == "body" else headers.get(name)
+def _source(
+    place: str, name: str, headers: Mapping[str, str], body: Mapping[str, Any]
+) -> tuple[object, str]:
+    """The value at a session source, and the source's name for an error."""
+    if place == "header":
+        return headers.get(name), f"header {name}"
+    if place == "metadata":
+        metadata = body.get("metadata")
+        return (metadata.get(name) if isinstance(metadata, Mapping) else None), f"metadata.{name}"
+    return body.get(name), name
+
+
+def _foreign_session_id(
+    headers: Mapping[str, str], body: Mapping[str, Any], api: LLMApi
+) -> str | None:
+    """The first of ``FOREIGN_SESSION_FIELDS`` and the API's own present; the others
+    are not read."""
+    for place, name in (*FOREIGN_SESSION_FIELDS, *api.session_fields):
+        value, field = _source(place, name, headers, body)
         if value is not None:
-            return _check_id(value, name if place == "body" else f"header {name}")
+            return _check_id(value, field)
     return None
 
 
@@ -156,16 +173,11 @@ def _seconds(xargs: Mapping[str, Any], name: str) -> float | None:
     return float(value)
 
 
-def _last_role(body: Mapping[str, Any]) -> object:
-    messages = body.get("messages")
-    if isinstance(messages, list) and messages and isinstance(messages[-1], Mapping):
-        return messages[-1].get("role")
-    return None
-
-
-def call_metadata(headers: Mapping[str, str], body: Mapping[str, Any]) -> CallMeta:
-    """The metadata of a request (``headers`` with lower-case names); ``BadRequest``
-    names the field of a value that cannot be used.
+def call_metadata(
+    headers: Mapping[str, str], body: Mapping[str, Any], api: LLMApi = CHAT
+) -> CallMeta:
+    """The metadata of a request to ``api`` (``headers`` with lower-case names);
+    ``BadRequest`` names the field of a value that cannot be used.
 
     The session is named by the first of these sources present:
 
@@ -175,7 +187,8 @@ def call_metadata(headers: Mapping[str, str], body: Mapping[str, Any]) -> CallMe
     3. header ``x-litellm-session-id`` (LiteLLM's);
     4. body ``program_id`` (an Autellix / Continuum-style program id);
     5. header ``X-Dynamo-Session-ID`` (NVIDIA Dynamo's);
-    6. header ``x-session-token``.
+    6. header ``x-session-token``;
+    7. the API's own (``LLMApi.session_fields``: Anthropic's ``metadata.user_id``).
 
     The sources below the first present one are not read, so they neither conflict
     nor fail (an OpenHands agent sends its conversation id as both
@@ -188,16 +201,15 @@ def call_metadata(headers: Mapping[str, str], body: Mapping[str, Any]) -> CallMe
         raise BadRequest("vllm_xargs must be a JSON object")
     session_id = _own_session_id(headers, body, xargs)
     if session_id is None:
-        session_id = _foreign_session_id(headers, body)
-    tools_offered = bool(body.get("tools")) and body.get("tool_choice") != "none"
+        session_id = _foreign_session_id(headers, body, api)
     return CallMeta(
         session_id=session_id or f"call-{new_id()}",
         call_id=_id(xargs, "call_id") or new_id(),
         turn=_turn(xargs),
-        follows_tool=_flag(xargs, "follows_tool", _last_role(body) in ("tool", "function")),
-        expects_tool=_flag(xargs, "expects_tool", tools_offered),
-        # The SDK's own projection (characters / 4); 1 for a body with neither field.
-        prompt_tokens=project_prompt_tokens(body) or 1,
+        follows_tool=_flag(xargs, "follows_tool", api.follows_tool(body)),
+        expects_tool=_flag(xargs, "expects_tool", api.tools_offered(body)),
+        # The SDK's own projection (characters / 4); 1 for a body with no prompt.
+        prompt_tokens=api.prompt_tokens(body) or 1,
         ephemeral=session_id is None,
         next_tool=_name(xargs, "next_tool", min_length=1),
         expected_tool_s=_seconds(xargs, "expected_tool_s"),

@@ -1,12 +1,12 @@
 """The gateway's own events (LLM submit, first token, end) and the SSE event stream.
 
 ``CallRecorder`` publishes one call's events into the ``EventHub``, source
-``"gateway"``. The first token is the first stream chunk that carries generated text
-or a tool call (a bare role chunk does not count), as in the SDK; a whole
-(non-streamed) response records no first token, also as in the SDK. ``GET
-/v1/events/stream`` serves every event the hub receives from then on as Server-Sent
-Events (``data: <event JSON>``), token-protected like ingestion since events name
-sessions and tools.
+``"gateway"``, reading the answer as its API writes it (``llm_apis``). The first token
+is the first stream chunk that carries generated text or a tool call (a bare role
+chunk does not count), as in the SDK; a whole (non-streamed) response records no
+first token, also as in the SDK. ``GET /v1/events/stream`` serves every event the hub
+receives from then on as Server-Sent Events (``data: <event JSON>``),
+token-protected like ingestion since events name sessions and tools.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from agentmars.sdk.auth import UNAUTHORISED, bearer_matches, check_token
-from agentmars.sdk.events import AnyEvent, LLMEnd, LLMFirstToken, LLMSubmit, as_count, clock
+from agentmars.sdk.events import AnyEvent, LLMEnd, LLMFirstToken, LLMSubmit, clock
 from agentmars.server.gateway.call_meta import CallMeta
+from agentmars.server.gateway.llm_apis import CHAT, LLMApi, Usage
 from agentmars.server.web.client_watch import ClosingStreamingResponse
 from agentmars.server.web.ingest import EventHub
 
@@ -40,34 +41,15 @@ KEEPALIVE_S = 15.0
 STOP_CHECK_S = 0.25
 
 
-def _choices(response: dict[str, Any]) -> list[dict[str, Any]]:
-    """The response's choices, skipping anything malformed (the engine's output is
-    read, never trusted)."""
-    choices = response.get("choices")
-    if not isinstance(choices, list):
-        return []
-    return [choice for choice in choices if isinstance(choice, dict)]
-
-
-def _carries_output(chunk: dict[str, Any]) -> bool:
-    """The SDK's first-token rule (``integrations/request.py``) on raw JSON: text,
-    content, a tool call or reasoning (a bare role chunk or a usage chunk is not)."""
-    for choice in _choices(chunk):
-        if choice.get("text"):
-            return True
-        delta = choice.get("delta")
-        if isinstance(delta, dict) and any(
-            delta.get(k) for k in ("content", "tool_calls", "reasoning_content")
-        ):
-            return True
-    return False
-
-
 class CallRecorder:
-    """Records one forwarded call; ``end`` is idempotent (first outcome wins)."""
+    """Records one forwarded call to ``api``; ``end`` is idempotent (first outcome
+    wins)."""
 
-    def __init__(self, hub: EventHub, meta: CallMeta, turn: int, body: dict[str, Any]) -> None:
+    def __init__(
+        self, hub: EventHub, meta: CallMeta, turn: int, body: dict[str, Any], api: LLMApi = CHAT
+    ) -> None:
         self.hub = hub
+        self.api = api
         self.ids: dict[str, Any] = {
             "session_id": meta.session_id,
             "call_id": meta.call_id,  # the SDK's when sent: its events and ours name one call
@@ -77,16 +59,16 @@ class CallRecorder:
         self._start_ns = time.monotonic_ns()
         self._first_token = False
         self._ended = False
-        self._usage: dict[str, Any] = {}
+        self._usage = Usage()
         self._finish_reason: str | None = None
         self._tool_call = False
         self._publish(
             LLMSubmit(
                 model=body.get("model") if isinstance(body.get("model"), str) else None,
-                operation="chat" if "messages" in body else "text_completion",
+                operation=api.operation(body),
                 stream=bool(body.get("stream")),
                 projected_prompt_tokens=meta.prompt_tokens,
-                max_tokens=as_count(body.get("max_tokens", body.get("max_completion_tokens"))),
+                max_tokens=api.max_tokens(body),
                 follows_tool=meta.follows_tool,
                 expects_tool=meta.expects_tool,
                 **self.ids,
@@ -102,26 +84,22 @@ class CallRecorder:
     def observe(self, response: dict[str, Any], *, chunk: bool) -> None:
         """Read a whole response or (``chunk``) one stream chunk: first token, usage,
         finish reason."""
-        if chunk and not self._first_token and _carries_output(response):
+        if chunk and not self._first_token and self.api.carries_output(response):
             self._first_token = True
             stamp = clock()
             ttft = self._elapsed_s(stamp["mono_ns"])
             self._publish(LLMFirstToken(ttft_s=ttft, **self.ids, **stamp))
-        if isinstance(response.get("usage"), dict):
-            self._usage = response["usage"]
-        for choice in _choices(response):
-            if choice.get("finish_reason"):
-                self._finish_reason = str(choice["finish_reason"])
-                self._tool_call = self._finish_reason == "tool_calls"
+        if (usage := self.api.usage(response)) is not None:
+            self._usage = self._usage.updated(usage)
+        if (finish := self.api.finish(response)) is not None:
+            self._finish_reason, self._tool_call = finish
 
     def end(self, status: CallStatus = "ok", error: str | None = None) -> None:
         if self._ended:
             return
         self._ended = True
         stamp = clock()
-        prompt = as_count(self._usage.get("prompt_tokens"))
-        details = self._usage.get("prompt_tokens_details")
-        cached = as_count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        prompt, cached = self._usage.prompt, self._usage.cached
         if prompt is None or (cached is not None and cached > prompt):
             cached = None  # an engine's inconsistent figure is dropped, not an event error
         self._publish(
@@ -130,7 +108,7 @@ class CallRecorder:
                 error=error,
                 prompt_tokens=prompt,
                 cached_tokens=cached,
-                output_tokens=as_count(self._usage.get("completion_tokens")),
+                output_tokens=self._usage.output,
                 finish_reason=self._finish_reason,
                 ended_in_tool_call=self._tool_call,
                 duration_s=self._elapsed_s(stamp["mono_ns"]),

@@ -6,7 +6,7 @@ same server stack (``agentmars bench hop``, docs/benchmarks.md; encode/httpx#321
 too much of the gateway's 2 ms budget. The rest of the project keeps httpx.
 
 Errors the gateway answers itself carry an OpenAI-style body
-(``{"error": {"message", "type", "code"}}``): 400 for a body that is not a JSON
+(``{"error": {"message", "type", "param", "code"}}``): 400 for a body that is not a JSON
 object, 404 for a model the engine does not serve (from its ``/v1/models``, cached
 for ``models_ttl_s``), 503 when the engine cannot be reached (the connect timeout is
 short, so this comes within a second), 504 when it stops answering. An engine's 4xx
@@ -25,13 +25,15 @@ from typing import Any
 
 import aiohttp
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from agentmars.sdk.integrations.request import SESSION_HEADER
 from agentmars.server.gateway.call_meta import CallMeta
 from agentmars.server.gateway.events import CallRecorder, CallStatus
 
-MODELS_TIMEOUT_S = 2.0
+INFO_TIMEOUT_S = 2.0
+"""For a whole answer to ``GET /v1/models``, ``/version``, ``/health``: instant on a
+healthy engine, so a hung one is reported within seconds."""
 FORWARDED_HEADERS = ("authorization", "x-request-id")
 """Client headers the engine may need (its API key, request id); others (host,
 lengths, encodings) belong to the client's own connection."""
@@ -44,15 +46,26 @@ BROKEN_ANSWER = (aiohttp.ClientError, TimeoutError)
 class GatewayError(Exception):
     """An error the gateway answers itself with ``status`` and ``message``."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        *,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
+        self.code = code  # None: the status, as vLLM's own errors give it
+        self.headers = headers
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "code": self.status}}
-        return JSONResponse(body, status_code=self.status)
+        error = {"message": self.message, "type": self.kind, "param": None}
+        body = {"error": {**error, "code": self.code or self.status}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def engine_down(base_url: str, exc: BaseException) -> GatewayError:
@@ -63,10 +76,11 @@ def engine_down(base_url: str, exc: BaseException) -> GatewayError:
 
 @dataclass(frozen=True)
 class Answer:
-    """A whole answer of the engine: its status and body."""
+    """A whole answer of the engine: its status, body and content type."""
 
     status: int
     content: bytes
+    content_type: str | None = None
 
 
 class Upstream:
@@ -98,17 +112,22 @@ class Upstream:
     async def aclose(self) -> None:
         await self.session.close()
 
+    async def ask(self, path: str) -> Answer:
+        """The engine's answer to ``GET path``, a route it answers at once (503 unless
+        it does within ``INFO_TIMEOUT_S``)."""
+        timeout = aiohttp.ClientTimeout(total=INFO_TIMEOUT_S)
+        try:
+            async with self.session.get(path, timeout=timeout) as response:
+                return Answer(
+                    response.status, await response.read(), response.headers.get("content-type")
+                )
+        except BROKEN_ANSWER as exc:
+            raise engine_down(self.base_url, exc) from None
+
     async def models(self) -> Answer:
         """The engine's ``GET /v1/models`` answer, asked now (a client listing models
         learns whether the engine is up); it refreshes the cache ``model_ids`` reads."""
-        # A short timeout for the whole answer: listing models is instant on a
-        # healthy engine.
-        timeout = aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)
-        try:
-            async with self.session.get("/v1/models", timeout=timeout) as response:
-                answer = Answer(response.status, await response.read())
-        except BROKEN_ANSWER as exc:
-            raise engine_down(self.base_url, exc) from None
+        answer = await self.ask("/v1/models")
         if answer.status == 200:
             self._models = (time.monotonic(), answer)
             self._ids = None
@@ -150,19 +169,25 @@ class Upstream:
             )
 
     async def open(
-        self, path: str, body: dict[str, Any], headers: dict[str, str]
+        self, path: str, body: dict[str, Any] | bytes, headers: dict[str, str]
     ) -> aiohttp.ClientResponse:
-        """Send a request and return the response with its body still unread."""
+        """POST ``body`` (bytes: JSON sent on as the client wrote it) and return the
+        response with its body still unread."""
+        send: dict[str, Any]
+        if isinstance(body, bytes):
+            send = {"data": body, "headers": {**headers, "content-type": "application/json"}}
+        else:
+            send = {"json": body, "headers": headers}
         try:
             try:
-                return await self.session.post(path, json=body, headers=headers)
+                return await self.session.post(path, **send)
             except aiohttp.ClientConnectorError:
                 raise  # nothing listens: no retry
             except STALE_CONNECTION:
                 # NOTE: the usual cause is a pooled keep-alive connection the engine closed
                 # as we reused it (uvicorn closes one after an app error or when idle):
                 # one retry on a fresh connection. At worst the engine computes twice.
-                return await self.session.post(path, json=body, headers=headers)
+                return await self.session.post(path, **send)
         except aiohttp.ConnectionTimeoutError as exc:  # before TimeoutError: a subclass
             raise engine_down(self.base_url, exc) from None
         except TimeoutError:  # aiohttp.SocketTimeoutError: no answer within sock_read
@@ -174,6 +199,10 @@ class Upstream:
         except aiohttp.ClientError as exc:  # refused, no such host, dropped twice
             raise engine_down(self.base_url, exc) from None
 
+    async def fetch(self, path: str, body: bytes, headers: dict[str, str]) -> Answer:
+        """The engine's whole answer to a POST that is no LLM call (``/tokenize``...)."""
+        return await read_whole(await self.open(path, body, headers))
+
 
 async def exchange(
     upstream: Upstream, path: str, body: dict[str, Any], headers: dict[str, str], *, stream: bool
@@ -184,9 +213,15 @@ async def exchange(
     response = await upstream.open(path, body, headers)
     if stream and response.status < 400:
         return response, None
+    return response, await read_whole(response)
+
+
+async def read_whole(response: aiohttp.ClientResponse) -> Answer:
+    """``response``'s whole answer; its connection back to the pool, or closed if
+    reading breaks off or is cancelled (which aborts the request in the engine)."""
     complete = False
     try:
-        answer = Answer(response.status, await response.read())
+        content = await response.read()
         complete = True
     except BROKEN_ANSWER as exc:
         raise GatewayError(
@@ -194,7 +229,18 @@ async def exchange(
         ) from None
     finally:
         finish(response, complete=complete)
-    return response, answer
+    return Answer(response.status, content, response.headers.get("content-type"))
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object (400 otherwise)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "request body must be a JSON object")
+    return body
 
 
 def forwarded_body(body: Mapping[str, Any], meta: CallMeta, turn: int) -> dict[str, Any]:
@@ -223,11 +269,13 @@ def forwarded_body(body: Mapping[str, Any], meta: CallMeta, turn: int) -> dict[s
     return forwarded
 
 
-def forwarded_headers(request: Request, meta: CallMeta) -> dict[str, str]:
+def forwarded_headers(request: Request, meta: CallMeta | None = None) -> dict[str, str]:
+    """The client's headers the engine gets, and the session of an LLM call's ``meta``."""
     headers = {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k)) is not None}
-    # identity: the relay parses the SSE bytes it passes on.
+    # identity: the relay parses the SSE bytes it passes on, and the client gets the
+    # engine's bytes without its content-encoding header.
     headers["accept-encoding"] = "identity"
-    if not meta.ephemeral:  # see forwarded_body
+    if meta is not None and not meta.ephemeral:  # see forwarded_body
         headers[SESSION_HEADER] = meta.session_id
     return headers
 
@@ -244,6 +292,14 @@ def upstream_error(answer: Answer) -> JSONResponse:
     return GatewayError(
         502, f"the engine failed with HTTP {answer.status}: {text}", "upstream_error"
     ).response()
+
+
+def passed_back(answer: Answer) -> Response:
+    """The engine's answer to a request that is no LLM call: as it came, but a 5xx as
+    502 (``upstream_error``)."""
+    if answer.status >= 500:
+        return upstream_error(answer)
+    return Response(answer.content, status_code=answer.status, media_type=answer.content_type)
 
 
 class SSEScanner:
