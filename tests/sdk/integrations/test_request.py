@@ -61,6 +61,17 @@ def test_hints_go_with_the_calls_inside_their_block_only(emitter: sdk.Emitter) -
     assert "next_tool" not in after and "expected_tool_s" not in after
 
 
+def test_a_hinted_next_tool_marks_the_call_as_expecting_a_tool(emitter: sdk.Emitter) -> None:
+    # A completion offers no tools; the hint says the answer is a tool call all the same.
+    with sdk.session(emitter=emitter):
+        with sdk.hints(next_tool="pytest"):
+            hinted = _xargs()
+        with sdk.hints(expected_tool_s=3):  # a duration alone names no tool
+            unnamed = _xargs()
+        plain = _xargs()
+    assert (hinted["expects_tool"], unnamed["expects_tool"], plain["expects_tool"]) == (1, 0, 0)
+
+
 def test_a_callers_own_xargs_win_over_hints_but_not_over_the_ids(
     emitter: sdk.Emitter,
 ) -> None:

@@ -31,7 +31,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, Literal
 
-from agentmars.sdk.calls import LLMCall, read_field
+from agentmars.sdk.calls import LLMCall, current_hints, read_field
 from agentmars.sdk.events import as_count
 from agentmars.sdk.scope import outcome_of
 from agentmars.sdk.session import current_session
@@ -107,7 +107,12 @@ def _ends_in_tool_result(kwargs: Mapping[str, Any]) -> bool:
 
 
 def _expects_tool(kwargs: Mapping[str, Any]) -> bool:
-    return bool(kwargs.get("tools")) and kwargs.get("tool_choice") != "none"
+    """Tools offered (and not refused), or the caller's hints naming the tool that will
+    follow (a call without ``tools``, e.g. a completion, can still end in one)."""
+    if kwargs.get("tools") and kwargs.get("tool_choice") != "none":
+        return True
+    hints = current_hints()
+    return hints is not None and hints.next_tool is not None
 
 
 def begin_call(kwargs: dict[str, Any], operation: Operation) -> LLMCall | None:
