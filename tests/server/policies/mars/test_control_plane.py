@@ -263,3 +263,21 @@ def test_the_gateway_shows_the_window_in_metrics() -> None:
     built.admission.half.admit([SessionData("a", 16)], built.admission.view)
     text = generate_latest(built.metrics.registry).decode()
     assert 'agentmars_window{policy="mars"} 1.0' in text
+
+
+def test_a_cpu_limit_below_one_session_still_admits_one_when_none_is_active() -> None:
+    # Tools of 3 s using 3 s of CPU against LLM calls of 1 s on one core: W_cpu =
+    # 1 x 0.9 / 0.75 = 1.2; with tools as long as the whole session, 0.9 (below one).
+    half = plane()
+    half.on_event(ToolEnd(session_id="s", call_id="t", tool="bash", duration_s=3.0, cpu_time_s=3.0))
+    half.on_event(
+        LLMEnd(session_id="s", call_id="c", prompt_tokens=16, output_tokens=1, duration_s=0.0)
+    )
+    assert cpu_limit(3.0, 3.0, 0.0, 1, SETTINGS) == pytest.approx(0.9)
+    queue = [SessionData("a", 16), SessionData("b", 16)]
+    view = gateway(0.0, 64, tool_cores=1)
+    # Without the floor the limit (0.9) admits none, and nothing would change it again.
+    assert ids(list(half.admit(queue, view))) == ["a"]
+    assert half.limit == SETTINGS.min_window
+    # With one session in flight, the limit holds the second back.
+    assert half.admit(queue[1:], gateway(0.1, 64, tool_cores=1, active_sessions=1)) == ()
