@@ -7,13 +7,13 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTHON  ?= $(shell scripts/find-python.sh)
 # Packages of the core that mypy checks strictly (the rest is linted).
-MYPY_CORE := sdk/agentmars/sdk sandbox/agentmars/sandbox server/agentmars/server cli/agentmars
+MYPY_CORE := sdk/agentmars/sdk sandbox/agentmars/sandbox server/agentmars/server runtime/agentmars/runtime cli/agentmars
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: help env test lint typecheck pytest demo bench lock clean vllm-env vllm-smoke vllm-lock
 
 help:
-	@echo "make demo   - run instrumented agents against a local server, print the event stream"
+	@echo "make demo   - the whole system: gateway, engine, sandbox pool, replayed agents; MARS vs FCFS (ENGINE=vllm for vLLM CPU)"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make bench  - run the benchmarks (figures in docs/benchmarks.md)"
 	@echo "make env    - create $(VENV) with every extra (Python 3.12) and system packages"
@@ -48,8 +48,16 @@ pytest: env
 
 test: lint typecheck pytest
 
+# ENGINE=twin (default: the simulated engine paced to the wall clock, no GPU) or vllm
+# (vLLM CPU with the plugin, its environment built and cached on first use).
+ENGINE ?= twin
+
 demo: env
-	$(BIN)/agentmars demo
+	@if [ "$(ENGINE)" = vllm ]; then \
+	  py=$$(scripts/vllm-env.sh) && $(BIN)/agentmars demo --engine vllm --vllm-python $$py; \
+	else \
+	  $(BIN)/agentmars demo --engine $(ENGINE); \
+	fi
 
 bench: env
 	$(BIN)/agentmars bench sdk --json out/bench-sdk.json

@@ -19,7 +19,7 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 def test_demo_prints_and_writes_a_valid_event_stream(tmp_path: Path) -> None:
     out = tmp_path / "events.jsonl"
-    done = _run("demo", "--out", str(out))
+    done = _run("events", "demo", "--out", str(out))
     assert done.returncode == 0, done.stderr
     decoded = decode_jsonl(out.read_text())
     assert decoded.errors == []
@@ -32,7 +32,7 @@ def test_demo_prints_and_writes_a_valid_event_stream(tmp_path: Path) -> None:
 
 
 def test_events_validate_reports_bad_lines(tmp_path: Path) -> None:
-    good = _run("demo", "--out", str(tmp_path / "good.jsonl"))
+    good = _run("events", "demo", "--out", str(tmp_path / "good.jsonl"))
     assert good.returncode == 0
     bad = tmp_path / "bad.jsonl"
     lines = (tmp_path / "good.jsonl").read_text().splitlines()

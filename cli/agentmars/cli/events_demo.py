@@ -1,4 +1,4 @@
-"""``agentmars demo``: two instrumented agent sessions and the event stream they make.
+"""``agentmars events demo``: two instrumented agent sessions and the event stream they make.
 
 A scripted OpenAI-compatible server runs on loopback; two agents run
 concurrently against it, one through the OpenAI client (streaming), one

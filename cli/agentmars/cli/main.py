@@ -32,15 +32,57 @@ app.add_typer(events_app, name="events")
 app.add_typer(sim_app, name="sim")
 
 
+class DemoEngine(StrEnum):
+    twin = "twin"
+    vllm = "vllm"
+
+
 @app.command()
 def demo(
+    engine: Annotated[
+        DemoEngine, typer.Option(help="twin: the simulated engine, paced (no GPU); vllm: vLLM CPU.")
+    ] = DemoEngine.twin,
+    out: Annotated[Path, typer.Option(help="Folder for results.json and the report.")] = Path(
+        "out/demo"
+    ),
+    vllm_python: Annotated[
+        Path | None,
+        typer.Option(help="--engine vllm: the vLLM environment's python ($AGENTMARS_VLLM_PYTHON)."),
+    ] = None,
+) -> None:
+    """The whole system at work: the gateway and an engine, agents replaying coding
+    sessions with real tools in the sandbox pool, MARS against FCFS; tables and an HTML
+    report (make demo; make demo ENGINE=vllm for vLLM CPU)."""
+    from agentmars.bench.replay import ReplayBenchError
+    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+    from agentmars.cli.demo import demo_engine, run_demo
+    from agentmars.cli.serve import stop_on_sigterm
+    from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
+
+    try:
+        python = model = None
+        if engine is DemoEngine.vllm:
+            python = find_vllm_python(vllm_python)
+            model = tiny_model_made_by(python)
+        elif vllm_python is not None:
+            raise BenchSetupError("--vllm-python is for --engine vllm")
+        stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server it started stops
+        code = run_demo(demo_engine(out, python, model), out)
+    except (BenchSetupError, ReplayBenchError, RuntimeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+@events_app.command("demo")
+def events_demo(
     out: Annotated[
         Path | None, typer.Option(help="Also write the event stream to this JSONL file.")
     ] = None,
 ) -> None:
-    """Run instrumented agent sessions against a local OpenAI-compatible server and
-    print the event stream they produce."""
-    from agentmars.cli.demo import run_demo
+    """Two instrumented agent sessions against a scripted local server, and the event
+    stream they produce, printed as it happens."""
+    from agentmars.cli.events_demo import run_demo
 
     run_demo(out)
 
@@ -202,6 +244,96 @@ def bench_plugin(
     except (BenchSetupError, RuntimeError) as exc:  # RuntimeError: the measurement failed
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+@bench_app.command("replay")
+def bench_replay(
+    engine: Annotated[
+        DemoEngine, typer.Option(help="twin: the simulated engine, paced; vllm: vLLM CPU.")
+    ] = DemoEngine.twin,
+    policies: Annotated[str, typer.Option(help="Comma-separated; the first is the base.")] = (
+        "mars,fcfs,continuum"
+    ),
+    workload: Annotated[str, typer.Option(help="Registered workload generator.")] = "ilr-1",
+    sessions: Annotated[int, typer.Option(min=1)] = 16,
+    rate: Annotated[
+        float | None, typer.Option(help="Session arrivals per second (open loop).")
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help="Sessions at once (closed loop).")
+    ] = None,
+    seed: Annotated[int, typer.Option(min=0)] = 1,
+    max_context: Annotated[
+        int, typer.Option(help="The engine's context: the workload's tokens are scaled to it.")
+    ] = 4096,
+    max_turns: Annotated[int, typer.Option(min=1, help="Calls per session, at most.")] = 8,
+    tool_scale: Annotated[float, typer.Option(help="Factor on the tools' time.")] = 1.0,
+    num_blocks: Annotated[int, typer.Option(min=1, help="KV blocks of the engine.")] = 48,
+    profile: Annotated[
+        str, typer.Option(help="The twin's pacing, the plugin's costs, the prediction's model.")
+    ] = "cpu-tiny",
+    tool_slots: Annotated[int, typer.Option(min=1, help="Tools at once in the sandbox pool.")] = 4,
+    cores: Annotated[str, typer.Option(help="CPUs for the engine.")] = "0",
+    agent_cores: Annotated[str, typer.Option(help="CPUs for the agents and their tools.")] = "1",
+    vllm_python: Annotated[
+        Path | None,
+        typer.Option(help="--engine vllm: the vLLM environment's python ($AGENTMARS_VLLM_PYTHON)."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Folder for results.json, the report, the logs.")] = (
+        Path("out/bench-replay")
+    ),
+) -> None:
+    """Replayed agents on the real stack: a workload's sessions through the SDK, the
+    gateway and an engine, real tools in the sandbox pool; each policy served in turn,
+    the simulator's prediction beside it. The simulator's metrics, table and report."""
+    from agentmars.bench.replay import (
+        ReplayBenchError,
+        ReplayPlan,
+        publish_output,
+        run_with_progress,
+    )
+    from agentmars.bench.session_mix import EngineShape, SandboxShape, SessionMixError
+    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+    from agentmars.cli.serve import stop_on_sigterm
+    from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
+
+    names = tuple(name.strip() for name in policies.split(",") if name.strip())
+    if rate is None and concurrency is None:
+        rate = 0.4
+    plan = ReplayPlan(
+        workload, sessions, rate, concurrency, max_turns, max_context, tool_scale, seed, names
+    )
+    try:
+        plan.check()
+        python = model = None
+        if engine is DemoEngine.vllm:
+            python = find_vllm_python(vllm_python)
+            model = tiny_model_made_by(python)
+        elif vllm_python is not None:
+            raise BenchSetupError("--vllm-python is for --engine vllm")
+        sandbox = SandboxShape(tool_slots=tool_slots)
+        sandbox.check(agent_cores)
+        shape = EngineShape(
+            vllm_python=python or Path("unused"),
+            model=model or Path("unused"),
+            num_blocks=num_blocks,
+            max_model_len=max_context,
+            cores=cores,
+            agent_cores=agent_cores,
+            log_dir=out / "logs",
+            profile=profile,
+            twin=engine is DemoEngine.twin,
+        )
+        stop_on_sigterm()
+        output = run_with_progress(plan, shape, sandbox)
+    except (BenchSetupError, ReplayBenchError, SessionMixError, RuntimeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    publish_output(output, out)
+    failed = [run for run in output.runs if run.failed]
+    for run in failed:
+        typer.echo(f"error: {len(run.failed)} sessions failed under {run.policy}", err=True)
+    raise typer.Exit(1 if failed else 0)
 
 
 @bench_app.command("session-mix")

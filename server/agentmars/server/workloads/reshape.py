@@ -1,0 +1,80 @@
+"""A workload reshaped for a smaller stage: sessions cut to their first turns, tools
+scaled in time (a replay on a CPU engine with a tiny model keeps a workload's shape at
+a size that runs in minutes)."""
+
+from __future__ import annotations
+
+from agentmars.server.workloads.model import SessionSpec, ToolSpec, Workload
+
+
+def first_turns(workload: Workload, max_turns: int) -> Workload:
+    """Each session cut to its first ``max_turns`` calls; the last kept call ends the
+    session (its tool call is dropped)."""
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be at least 1, not {max_turns}")
+    return workload.model_copy(
+        update={"sessions": tuple(_cut(session, max_turns) for session in workload.sessions)}
+    )
+
+
+def _cut(session: SessionSpec, max_turns: int) -> SessionSpec:
+    if len(session.turns) <= max_turns:
+        return session
+    *kept, last = session.turns[:max_turns]
+    turns = (*kept, last.model_copy(update={"tool": None}))
+    return SessionSpec.model_validate({**session.model_dump(), "turns": turns})
+
+
+def scale_tools(workload: Workload, factor: float) -> Workload:
+    """Every tool ``factor`` times as long, its CPU time with it (its cores unchanged)."""
+    if not factor >= 0:
+        raise ValueError(f"the tool scale must be 0 or more, not {factor}")
+    sessions = tuple(
+        SessionSpec.model_validate(
+            {
+                **session.model_dump(),
+                "turns": tuple(
+                    turn
+                    if turn.tool is None
+                    else turn.model_copy(update={"tool": _scaled(turn.tool, factor)})
+                    for turn in session.turns
+                ),
+            }
+        )
+        for session in workload.sessions
+    )
+    return workload.model_copy(update={"sessions": sessions})
+
+
+def _scaled(tool: ToolSpec, factor: float) -> ToolSpec:
+    return tool.model_copy(update={"wall_s": tool.wall_s * factor, "cpu_s": tool.cpu_s * factor})
+
+
+def fit_context(workload: Workload, max_context: int) -> Workload:
+    """Every call's tokens scaled by one factor, so that the longest session's context
+    fits ``max_context`` (a model's limit): the sessions keep their turns, tools and
+    proportions, at a smaller size (nothing changes when they fit already)."""
+    longest = max(session.final_context for session in workload.sessions)
+    if longest <= max_context:
+        return workload
+    factor = max_context / longest
+    sessions = tuple(
+        SessionSpec.model_validate(
+            {
+                **session.model_dump(),
+                "shared_prefix_tokens": int(session.shared_prefix_tokens * factor),
+                "turns": tuple(
+                    turn.model_copy(
+                        update={
+                            # floor: the scaled contexts stay within the limit.
+                            "append_tokens": max(int(turn.append_tokens * factor), 1),
+                            "output_tokens": max(int(turn.output_tokens * factor), 1),
+                        }
+                    )
+                    for turn in session.turns
+                ),
+            }
+        )
+        for session in workload.sessions
+    )
+    return workload.model_copy(update={"sessions": sessions})

@@ -1,0 +1,76 @@
+"""``agentmars bench replay`` and ``agentmars demo``, run as a user runs them: agents
+replaying a workload through the SDK and the gateway in front of the twin, their tools
+for real in the sandbox pool, each policy served in turn, the simulator's prediction
+beside each run (the demo's full size takes minutes: marked slow, run in CI)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentmars.server.metrics.results import SweepResult
+
+CLI = [sys.executable, "-m", "agentmars.cli.main"]
+
+
+def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("bench", "replay", "--rate", "1", "--concurrency", "2"), "not both"),
+        (("bench", "replay", "--policies", "mars,nope"), "unknown policy 'nope'"),
+        (("bench", "replay", "--workload", "nope"), "unknown workload"),
+        (("bench", "replay", "--vllm-python", "/x"), "--vllm-python is for --engine vllm"),
+        (("bench", "replay", "--tool-scale", "-1"), "--tool-scale must be 0 or more"),
+        (("demo", "--engine", "vllm", "--vllm-python", "/nonexistent"), "does not exist"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(args: tuple[str, ...], says: str, tmp_path: Path) -> None:
+    done = _run(*args, "--out", str(tmp_path / "out"), timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.slow
+def test_replay_on_the_twin_measures_each_policy_and_its_prediction(tmp_path: Path) -> None:
+    out = tmp_path / "replay"
+    done = _run(
+        "bench", "replay", "--sessions", "3", "--rate", "1", "--max-turns", "3",
+        "--tool-scale", "0.3", "--policies", "mars,fcfs", "--num-blocks", "64",
+        "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = SweepResult.read(out / "results.json")
+    assert [run.policy for run in result.runs] == ["mars", "mars (sim)", "fcfs", "fcfs (sim)"]
+    for run in result.runs:
+        summary = run.summary
+        assert (summary.sessions, summary.unfinished) == (3, 0), run.policy
+        assert summary.latency_s is not None and summary.ttft_s is not None
+        # The sessions resume after their tools: their context is found cached.
+        assert (summary.kv.prefix_hit_rate or 0) > 0.3, run.policy
+        # Every tool ran (in the sandbox pool for the measured runs).
+        assert summary.cpu.active_tools is not None and summary.cpu.active_tools > 0
+    measured = [run.summary for run in result.runs if "(sim)" not in run.policy]
+    assert {s.engine for s in measured} == {"twin:cpu-tiny"}
+    assert (out / "index.html").is_file() and (out / "latency_vs_load.png").is_file()
+    assert "mars against the others" in done.stdout and "prediction" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_demo_runs_the_whole_system_within_five_minutes(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    done = _run("demo", "--out", str(out), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = SweepResult.read(out / "results.json")
+    assert [run.policy for run in result.runs] == ["mars", "mars (sim)", "fcfs", "fcfs (sim)"]
+    assert all(run.summary.sessions == 16 for run in result.runs)
+    assert "mars faster by" in done.stdout and (out / "index.html").is_file()
