@@ -4,6 +4,8 @@ a size that runs in minutes)."""
 
 from __future__ import annotations
 
+import math
+
 from agentmars.server.workloads.model import SessionSpec, ToolSpec, Workload
 
 
@@ -27,8 +29,8 @@ def _cut(session: SessionSpec, max_turns: int) -> SessionSpec:
 
 def scale_tools(workload: Workload, factor: float) -> Workload:
     """Every tool ``factor`` times as long, its CPU time with it (its cores unchanged)."""
-    if not factor >= 0:
-        raise ValueError(f"the tool scale must be 0 or more, not {factor}")
+    if not (math.isfinite(factor) and factor >= 0):
+        raise ValueError(f"the tool scale must be a finite number, 0 or more, not {factor}")
     sessions = tuple(
         SessionSpec.model_validate(
             {
@@ -53,11 +55,17 @@ def _scaled(tool: ToolSpec, factor: float) -> ToolSpec:
 def fit_context(workload: Workload, max_context: int) -> Workload:
     """Every call's tokens scaled by one factor, so that the longest session's context
     fits ``max_context`` (a model's limit): the sessions keep their turns, tools and
-    proportions, at a smaller size (nothing changes when they fit already)."""
+    proportions, at a smaller size (nothing changes when they fit already). A count
+    that must stay positive (turn 0's append, every output) is at least 1; the factor
+    leaves room for those."""
     longest = max(session.final_context for session in workload.sessions)
     if longest <= max_context:
         return workload
-    factor = max_context / longest
+    # Each positive count can gain less than one token from the floor and the clamp.
+    room = max_context - max(len(session.turns) + 1 for session in workload.sessions)
+    if room < 1:
+        raise ValueError(f"sessions of this many turns cannot fit a context of {max_context}")
+    factor = room / longest
     sessions = tuple(
         SessionSpec.model_validate(
             {
@@ -66,15 +74,19 @@ def fit_context(workload: Workload, max_context: int) -> Workload:
                 "turns": tuple(
                     turn.model_copy(
                         update={
-                            # floor: the scaled contexts stay within the limit.
-                            "append_tokens": max(int(turn.append_tokens * factor), 1),
-                            "output_tokens": max(int(turn.output_tokens * factor), 1),
+                            "append_tokens": _scaled_count(turn.append_tokens, factor, i == 0),
+                            "output_tokens": _scaled_count(turn.output_tokens, factor, True),
                         }
                     )
-                    for turn in session.turns
+                    for i, turn in enumerate(session.turns)
                 ),
             }
         )
         for session in workload.sessions
     )
     return workload.model_copy(update={"sessions": sessions})
+
+
+def _scaled_count(tokens: int, factor: float, positive: bool) -> int:
+    scaled = int(tokens * factor)
+    return max(scaled, 1) if positive else scaled

@@ -1,0 +1,142 @@
+"""A workload's tool as a sandbox command: its action by kind, its size, and real runs
+in the sandbox pool on a session's repository."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agentmars.runtime.replay import tools
+from agentmars.runtime.replay.repository import FUNCTIONS, write_repository
+from agentmars.runtime.replay.tools import (
+    EDIT_SCRIPT,
+    PYTHON,
+    TIMEOUT_MARGIN_S,
+    UNITTEST,
+    action,
+    tool_exec,
+)
+from agentmars.sandbox.config import SandboxConfig
+from agentmars.sandbox.pool import SandboxPool
+from agentmars.sandbox.spec import ExecResult
+from agentmars.server.workloads.model import ToolSpec
+
+PAD = Path(tools.__file__).with_name("pad.py").read_text()
+
+
+# --- the command ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("read", ["cat", "toolkit/text.py"]),
+        ("Read", ["cat", "toolkit/text.py"]),
+        ("search", ["grep", "-rn", "return", "toolkit", "tests"]),
+        ("edit", [PYTHON, "-c", EDIT_SCRIPT, "4"]),
+        ("test", UNITTEST),
+        ("test-suite", UNITTEST),
+        ("bash", UNITTEST),
+        ("exec_command", UNITTEST),
+        ("build", [PYTHON, "-m", "compileall", "-q", "toolkit"]),
+        ("api", []),
+        ("wait", []),
+        ("WebSearch", []),
+    ],
+)
+def test_each_kind_has_its_action(kind: str, expected: list[str]) -> None:
+    assert action(kind, 4) == expected
+
+
+def test_the_unittest_action_runs_the_suite_quietly() -> None:
+    assert UNITTEST == ["python3", "-m", "unittest", "discover", "-s", "tests", "-q"]
+
+
+def test_the_edit_action_names_its_turn() -> None:
+    assert action("edit", 7)[-1] == "7"
+    assert action("edit", 8)[-1] == "8"
+
+
+def test_a_tool_is_padded_to_its_scaled_size() -> None:
+    # cores = 5.0 / 2.0 = 2.5 -> 3 processes; scale 0.5: wall 1.0 s, cpu 2.5 s.
+    spec = tool_exec(ToolSpec(kind="build", wall_s=2.0, cpu_s=5.0), 3, scale=0.5)
+    assert spec.command[:3] == [PYTHON, "-c", PAD]
+    assert spec.command[3:6] == ["1.000000", "2.500000", "3"]
+    assert spec.command[6:] == ["--", PYTHON, "-m", "compileall", "-q", "toolkit"]
+    assert spec.timeout_s == pytest.approx(1.0 + TIMEOUT_MARGIN_S)
+
+
+def test_a_tool_that_waits_runs_one_process_and_no_action() -> None:
+    spec = tool_exec(ToolSpec(kind="api", wall_s=0.3), 1)
+    assert spec.command[3:] == ["0.300000", "0.000000", "1"]
+    assert spec.timeout_s == pytest.approx(0.3 + TIMEOUT_MARGIN_S)
+
+
+def test_a_zero_length_tool_still_has_one_process() -> None:
+    spec = tool_exec(ToolSpec(kind="read", wall_s=0.0), 2, scale=3.0)
+    assert spec.command[3:] == ["0.000000", "0.000000", "1", "--", "cat", "toolkit/text.py"]
+    assert spec.timeout_s == pytest.approx(TIMEOUT_MARGIN_S)
+
+
+def test_a_whole_core_is_one_process() -> None:
+    spec = tool_exec(ToolSpec(kind="bash", wall_s=1.5, cpu_s=1.5), 1, scale=2.0)
+    assert spec.command[3:6] == ["3.000000", "3.000000", "1"]
+    assert spec.timeout_s == pytest.approx(3.0 + TIMEOUT_MARGIN_S)
+
+
+# --- real runs in the sandbox pool ------------------------------------------------------
+
+
+@pytest.fixture
+async def pool(tmp_path: Path) -> AsyncIterator[SandboxPool]:
+    config = SandboxConfig(
+        workspace_root=tmp_path / "ws",
+        tool_cores=[max(os.sched_getaffinity(0))],
+        engine_cores=[],
+        slots=2,
+    )
+    async with SandboxPool(config) as started:
+        workspace = started.open_session("s1")
+        write_repository(workspace, 3)
+        yield started
+
+
+async def _run(pool: SandboxPool, tool: ToolSpec, call_id: str, turn: int = 1) -> ExecResult:
+    return await pool.run("s1", tool_exec(tool, turn), tool=tool.kind, call_id=call_id, turn=turn)
+
+
+async def test_a_read_shows_the_text_module(pool: SandboxPool) -> None:
+    result = await _run(pool, ToolSpec(kind="read", wall_s=0.0), "r")
+    assert (result.status, result.exit_status) == ("ok", 0)
+    assert result.stdout == (pool.workspace("s1") / "toolkit/text.py").read_text()
+    assert "def tag_0(text: str) -> str:" in result.stdout
+
+
+async def test_an_edit_then_a_test_run_passes(pool: SandboxPool) -> None:
+    edited = await _run(pool, ToolSpec(kind="edit", wall_s=0.0), "e", turn=2)
+    assert (edited.status, edited.exit_status) == ("ok", 0), edited.stderr
+    assert "def added_2" in (pool.workspace("s1") / "toolkit/numbers.py").read_text()
+    tested = await _run(pool, ToolSpec(kind="test", wall_s=0.0), "t", turn=2)
+    assert (tested.status, tested.exit_status) == ("ok", 0), tested.stderr
+    assert f"Ran {2 * FUNCTIONS + 1} tests" in tested.stderr
+    assert tested.stderr.rstrip().endswith("OK")
+
+
+async def test_a_tool_burns_its_cpu_and_lasts_its_wall_time(pool: SandboxPool) -> None:
+    result = await _run(pool, ToolSpec(kind="search", wall_s=0.6, cpu_s=0.3), "s")
+    assert (result.status, result.exit_status) == ("ok", 0), result.stderr
+    assert "toolkit/numbers.py" in result.stdout
+    assert result.wall_s >= 0.6
+    assert result.cpu_s is not None
+    assert result.cpu_s >= 0.25
+
+
+async def test_a_waiting_tool_lasts_without_using_cpu(pool: SandboxPool) -> None:
+    result = await _run(pool, ToolSpec(kind="api", wall_s=0.3), "a")
+    assert (result.status, result.exit_status) == ("ok", 0), result.stderr
+    assert result.wall_s >= 0.3
+    assert result.cpu_s is not None
+    assert result.cpu_s < 0.15
