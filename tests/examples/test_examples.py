@@ -1,0 +1,162 @@
+"""The scripts in examples/ run as a user runs them, against the twin behind the gateway
+(`agentmars serve --engine sim --profile cpu-tiny` on loopback), and leave what they say."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agentmars.sdk.events import LLMEnd, LLMSubmit, SessionEnd, ToolEnd, decode_jsonl
+from agentmars.server.web.serving import free_loopback_port
+from tests.cli.serving import wait_for
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ENV = {**os.environ, "AGENTMARS_GATEWAY_TOKEN": "test-token"}
+
+
+class Twin:
+    def __init__(self, base: str, engine: str) -> None:
+        self.base = base
+        self.engine = engine
+        """The engine's own URL, behind the gateway (its /metrics count its calls)."""
+
+    def engine_calls(self) -> float:
+        text = httpx.get(self.engine + "/metrics", timeout=5).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "agentmars_sim_requests_finished_total":
+                    return sample.value
+        raise AssertionError(f"no agentmars_sim_requests_finished_total in {self.engine}")
+
+
+@pytest.fixture(scope="module")
+def twin() -> Iterator[Twin]:
+    port = free_loopback_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentmars.cli.main", "serve", "--engine", "sim",
+         "--profile", "cpu-tiny", "--port", str(port)],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(base + "/healthz", process, timeout_s=30)
+        assert process.stdout is not None
+        # "agentmars: gateway on ..., simulated engine (...) <engine URL>"
+        yield Twin(base, engine=process.stdout.readline().split()[-1])
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    assert process.returncode == 0, process.stderr.read() if process.stderr else ""
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        capture_output=True, text=True, timeout=50, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.mark.parametrize("script", ["decorated_agent_loop.py", "litellm_agent.py"])
+def test_an_agent_loop_records_its_session(twin: Twin, script: str, tmp_path: Path) -> None:
+    events_path = tmp_path / "e.jsonl"
+    calls_before = twin.engine_calls()
+    args = ["--base-url", twin.base + "/v1", "--events", str(events_path), "--max-turns", "6"]
+    _run(script, *args)
+
+    decoded = decode_jsonl(events_path.read_text())
+    assert decoded.errors == []
+    events = decoded.events
+    kinds = [event.kind for event in events]
+    assert kinds[0] == "session_start" and kinds[-1] == "session_end"
+    assert len({getattr(event, "session_id", None) for event in events}) == 1
+    counts = Counter(kinds)
+    # The twin calls "terminal" for a session's first three calls, then "finish".
+    assert counts["llm_submit"] == counts["llm_end"] >= 2
+    assert counts["tool_start"] == counts["tool_end"] >= 1
+    # It stopped on the model's "finish", not on --max-turns; every answer was a tool call.
+    assert counts["llm_end"] < 6
+    ends = [e for e in events if isinstance(e, LLMEnd)]
+    assert all(e.status == "ok" and e.ended_in_tool_call for e in ends)
+    submits = [e for e in events if isinstance(e, LLMSubmit)]
+    assert [e.follows_tool for e in submits] == [False] + [True] * (len(submits) - 1)
+    tool_ends = [e for e in events if isinstance(e, ToolEnd)]
+    assert all(e.status == "ok" and e.exit_status == 0 for e in tool_ends)
+    assert {e.tool for e in tool_ends} == {"terminal"}
+    assert isinstance(events[-1], SessionEnd) and events[-1].status == "ok"
+    # The calls went through the gateway to the engine, one engine call per LLM call.
+    assert twin.engine_calls() - calls_before == counts["llm_end"]
+
+
+def test_otel_export_prints_the_session_call_and_tool_spans(twin: Twin) -> None:
+    done = _run("otel_export.py", "--base-url", twin.base + "/v1")
+    # The console exporter prints one indented JSON document per span.
+    decoder = json.JSONDecoder()
+    spans: list[dict[str, Any]] = []
+    text = done.stdout.strip()
+    while text:
+        span, end = decoder.raw_decode(text)
+        spans.append(span)
+        text = text[end:].strip()
+    by_name = {span["name"]: span for span in spans}
+    assert set(by_name) == {"invoke_agent coder", "chat cpu-tiny", "execute_tool python"}
+    root = by_name["invoke_agent coder"]
+    assert root["parent_id"] is None
+    for child in ("chat cpu-tiny", "execute_tool python"):
+        assert by_name[child]["parent_id"] == root["context"]["span_id"]
+        assert by_name[child]["context"]["trace_id"] == root["context"]["trace_id"]
+    assert by_name["chat cpu-tiny"]["attributes"]["gen_ai.usage.output_tokens"] == 8
+    assert by_name["execute_tool python"]["attributes"]["agentmars.tool.exit_status"] == 0
+
+
+class _Collector(BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that keeps the names of the spans posted to it."""
+
+    spans: ClassVar[list[tuple[str, str]]] = []  # (path, span name)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                self.spans.extend((self.path, span.name) for span in scope.spans)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_otel_export_sends_the_spans_over_otlp_http(twin: Twin) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"  # the script adds the path
+        done = _run("otel_export.py", "--base-url", twin.base + "/v1", "--otlp-endpoint", endpoint)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.stdout == ""
+    assert sorted(_Collector.spans) == [
+        ("/v1/traces", "chat cpu-tiny"),
+        ("/v1/traces", "execute_tool python"),
+        ("/v1/traces", "invoke_agent coder"),
+    ]
