@@ -24,26 +24,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
 from agentmars.bench.report import progress_bars
 from agentmars.bench.session_mix import (
+    EVENTS_PATH,
+    SINK_FLUSH_INTERVAL_S,
     TOKEN,
     EngineShape,
     SandboxShape,
     _counters,
-    _engine_url,
-    _serve_argv,
-    _served_model,
-    _warm_up,
     pinned,
+    served,
 )
 from agentmars.runtime.replay.agent import ReplayAgents, ReplayOptions, ReplayRun, SessionOutcome
 from agentmars.runtime.replay.records import RunLabels, run_record
 from agentmars.sandbox.pool import SandboxPool
-from agentmars.sandbox.spec import SandboxError
 from agentmars.sdk.emitter import Emitter
 from agentmars.sdk.sinks import MemorySink
 from agentmars.sdk.sinks.http import HttpSink
@@ -54,14 +51,10 @@ from agentmars.server.metrics.summary import RunSummary, summarize
 from agentmars.server.policies.registry import make_policy
 from agentmars.server.profiles.cost_model import load_profile
 from agentmars.server.sim.engine import SimConfig, SimEngine
-from agentmars.server.web.serving import serve_in_subprocess
 from agentmars.server.workloads.model import Workload
 from agentmars.server.workloads.registry import build_workload
 from agentmars.server.workloads.reshape import first_turns, fit_context, scale_tools
 
-EVENTS_PATH = "/v1/events"
-STARTUP_TIMEOUT_S = 600.0
-SINK_FLUSH_INTERVAL_S = 0.005
 PREDICTED = " (sim)"
 """Suffix of the simulator's prediction of a policy's run in the results."""
 
@@ -149,35 +142,15 @@ def run_policy(
     on_done: Progress | None = None,
 ) -> PolicyRun:
     """Serve with ``policy``, replay ``workload``, stop; its run and the prediction."""
-    engine.log_dir.mkdir(parents=True, exist_ok=True)
-    kind = "twin" if engine.twin else "vllm"
-    serve_log = engine.log_dir / f"serve-{kind}-{policy}.log"
-    started = time.monotonic()
-    with serve_in_subprocess(
-        _serve_argv(engine, policy),
-        env={"AGENTMARS_GATEWAY_TOKEN": TOKEN},
-        health_path="/healthz",
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        log_path=serve_log,
-        stop_grace_s=60.0,
-    ) as gateway:
-        startup_s = time.monotonic() - started
-        engine_url = _engine_url(serve_log)
-        try:
-            model = _served_model(engine_url)
-            asyncio.run(_warm_up(gateway, engine.max_model_len // 2, model))
-            before = _counters(engine_url)
-            began = time.monotonic()
-            with pinned(engine.agent_cores):
-                run = asyncio.run(
-                    _replay(gateway, model, workload, sandbox, engine, policy, on_done)
-                )
-            replay_s = time.monotonic() - began
-            after = _counters(engine_url)
-        except httpx.HTTPError as error:
-            raise RuntimeError(f"{policy}: {error!r} (logs in {engine.log_dir})") from None
-        except SandboxError as error:  # the pool could not start (a tool's is a session's)
-            raise RuntimeError(f"{policy}: the sandbox pool: {error}") from None
+    with served(engine, policy) as stack:
+        before = _counters(stack.engine_url)
+        began = time.monotonic()
+        with pinned(engine.agent_cores):
+            run = asyncio.run(
+                _replay(stack.gateway, stack.model, workload, sandbox, engine, policy, on_done)
+            )
+        replay_s = time.monotonic() - began
+        after = _counters(stack.engine_url)
     record = run_record(run, workload, _labels(engine, sandbox, policy))
     record.prefix_queries = int(after["prefix_cache_queries"] - before["prefix_cache_queries"])
     record.prefix_hits = int(after["prefix_cache_hits"] - before["prefix_cache_hits"])
@@ -187,7 +160,7 @@ def run_policy(
         record=record,
         predicted=predict(engine, sandbox, policy, workload),
         failed=[outcome.error for outcome in run.failed if outcome.error is not None],
-        startup_s=startup_s,
+        startup_s=stack.startup_s,
         replay_s=replay_s,
     )
 

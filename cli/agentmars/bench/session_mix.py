@@ -624,19 +624,23 @@ async def _replay_measured(
     return results, replay_s, load.figures(), None if tools is None else tools.figures()
 
 
-def run_policy(
-    engine: EngineShape,
-    policy: str,
-    mix: list[ReplaySession],
-    *,
-    sandbox: SandboxShape | None = None,
-    run_index: int | None = None,
-) -> dict[str, Any]:
-    """Serve with ``policy``, replay the mix, stop; the policy's figures (``sandbox``:
-    the tools run in a sandbox pool on the agent cores; ``run_index``: the run's
-    number, in its logs' names)."""
+@dataclass(frozen=True)
+class Served:
+    """A policy's stack, up and warmed: where to send calls and read the engine."""
+
+    gateway: str
+    engine_url: str
+    model: str
+    startup_s: float
+
+
+@contextlib.contextmanager
+def served(engine: EngineShape, policy: str, tag: str = "") -> Iterator[Served]:
+    """``agentmars serve`` with ``policy`` (its log in ``engine.log_dir``), warmed up;
+    stopped when the block ends. The gateway or the engine gone (an HTTP error) or the
+    sandbox pool unable to start inside the block is a ``RuntimeError`` naming the
+    policy (a call's own failure is a failed session, not this)."""
     engine.log_dir.mkdir(parents=True, exist_ok=True)
-    tag = "" if run_index is None else f"-run{run_index}"
     serve_log = engine.log_dir / f"serve-{'twin-' if engine.twin else ''}{policy}{tag}.log"
     started = time.monotonic()
     with serve_in_subprocess(
@@ -652,18 +656,35 @@ def run_policy(
         try:
             model = _served_model(engine_url)
             asyncio.run(_warm_up(gateway, engine.max_model_len // 2, model))
-            before = _counters(engine_url)
-            results, replay_s, load, tools = asyncio.run(
-                _replay_measured(gateway, mix, model, engine_url, sandbox, engine.agent_cores)
-            )
-            after = _counters(engine_url)
+            yield Served(gateway, engine_url, model, startup_s)
         except httpx.HTTPError as error:
-            # A call's own failure is a failed session; this is the gateway or vLLM gone.
             raise RuntimeError(f"{policy}: {error!r} (logs in {engine.log_dir})") from None
-        except SandboxError as error:  # the pool could not start (a tool's is a session's)
+        except SandboxError as error:
             raise RuntimeError(f"{policy}: the sandbox pool: {error}") from None
+
+
+def run_policy(
+    engine: EngineShape,
+    policy: str,
+    mix: list[ReplaySession],
+    *,
+    sandbox: SandboxShape | None = None,
+    run_index: int | None = None,
+) -> dict[str, Any]:
+    """Serve with ``policy``, replay the mix, stop; the policy's figures (``sandbox``:
+    the tools run in a sandbox pool on the agent cores; ``run_index``: the run's
+    number, in its logs' names)."""
+    tag = "" if run_index is None else f"-run{run_index}"
+    with served(engine, policy, tag) as stack:
+        before = _counters(stack.engine_url)
+        results, replay_s, load, tools = asyncio.run(
+            _replay_measured(
+                stack.gateway, mix, stack.model, stack.engine_url, sandbox, engine.agent_cores
+            )
+        )
+        after = _counters(stack.engine_url)
     deltas = {name: after[name] - before[name] for name in before}
-    figures = summarize(policy, results, deltas, startup_s=startup_s, replay_s=replay_s)
+    figures = summarize(policy, results, deltas, startup_s=stack.startup_s, replay_s=replay_s)
     figures["engine_load"] = load
     if tools is not None:
         figures["sandbox"] = tools

@@ -37,6 +37,21 @@ class DemoEngine(StrEnum):
     vllm = "vllm"
 
 
+def _demo_engine_files(
+    engine: DemoEngine, vllm_python: Path | None
+) -> tuple[Path, Path] | tuple[None, None]:
+    """The vLLM python and the tiny model for ``--engine vllm`` (None for the twin)."""
+    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+    from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
+
+    if engine is DemoEngine.vllm:
+        python = find_vllm_python(vllm_python)
+        return python, tiny_model_made_by(python)
+    if vllm_python is not None:
+        raise BenchSetupError("--vllm-python is for --engine vllm")
+    return None, None
+
+
 @app.command()
 def demo(
     engine: Annotated[
@@ -54,18 +69,12 @@ def demo(
     sessions with real tools in the sandbox pool, MARS against FCFS; tables and an HTML
     report (make demo; make demo ENGINE=vllm for vLLM CPU)."""
     from agentmars.bench.replay import ReplayBenchError
-    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+    from agentmars.bench.vllm_env import BenchSetupError
     from agentmars.cli.demo import demo_engine, run_demo
     from agentmars.cli.serve import stop_on_sigterm
-    from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 
     try:
-        python = model = None
-        if engine is DemoEngine.vllm:
-            python = find_vllm_python(vllm_python)
-            model = tiny_model_made_by(python)
-        elif vllm_python is not None:
-            raise BenchSetupError("--vllm-python is for --engine vllm")
+        python, model = _demo_engine_files(engine, vllm_python)
         stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server it started stops
         code = run_demo(demo_engine(out, python, model), out)
     except (BenchSetupError, ReplayBenchError, RuntimeError) as exc:
@@ -293,9 +302,8 @@ def bench_replay(
         run_with_progress,
     )
     from agentmars.bench.session_mix import EngineShape, SandboxShape, SessionMixError
-    from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+    from agentmars.bench.vllm_env import BenchSetupError
     from agentmars.cli.serve import stop_on_sigterm
-    from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 
     names = tuple(name.strip() for name in policies.split(",") if name.strip())
     if rate is None and concurrency is None:
@@ -305,12 +313,7 @@ def bench_replay(
     )
     try:
         plan.check()
-        python = model = None
-        if engine is DemoEngine.vllm:
-            python = find_vllm_python(vllm_python)
-            model = tiny_model_made_by(python)
-        elif vllm_python is not None:
-            raise BenchSetupError("--vllm-python is for --engine vllm")
+        python, model = _demo_engine_files(engine, vllm_python)
         sandbox = SandboxShape(tool_slots=tool_slots)
         sandbox.check(agent_cores)
         shape = EngineShape(
