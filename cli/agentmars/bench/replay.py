@@ -44,6 +44,7 @@ from agentmars.sandbox.pool import SandboxPool
 from agentmars.sdk.emitter import Emitter
 from agentmars.sdk.sinks import MemorySink
 from agentmars.sdk.sinks.http import HttpSink
+from agentmars.server.engines.vllm.launch import CPU_BLOCK_SIZE
 from agentmars.server.metrics.records import RunRecord
 from agentmars.server.metrics.report import summary_table, write_report
 from agentmars.server.metrics.results import RunResult, SweepResult
@@ -130,6 +131,32 @@ Progress = Callable[[str, SessionOutcome], None]
 """Called as each session ends (its policy, its outcome)."""
 
 
+def engine_shape(
+    vllm_files: tuple[Path, Path] | tuple[None, None],
+    *,
+    num_blocks: int,
+    max_context: int,
+    cores: str,
+    agent_cores: str,
+    log_dir: Path,
+    profile: str,
+) -> EngineShape:
+    """The engine a replay serves on: vLLM CPU with ``vllm_files`` (its python and its
+    model), the twin paced from ``profile`` without them."""
+    python, model = vllm_files
+    return EngineShape(
+        vllm_python=python or Path("unused"),
+        model=model or Path("unused"),
+        num_blocks=num_blocks,
+        max_model_len=max_context,
+        cores=cores,
+        agent_cores=agent_cores,
+        log_dir=log_dir,
+        profile=profile,
+        twin=python is None,
+    )
+
+
 def engine_name(engine: EngineShape) -> str:
     return f"twin:{engine.profile}" if engine.twin else "vllm-cpu"
 
@@ -178,7 +205,7 @@ def _labels(engine: EngineShape, sandbox: SandboxShape, policy: str) -> RunLabel
 def _block_size(engine: EngineShape) -> int:
     if engine.twin and engine.profile is not None:
         return load_profile(engine.profile).block_size
-    return 128  # the vLLM CPU backend's (engines/vllm/launch.py)
+    return CPU_BLOCK_SIZE
 
 
 def _tool_cores(engine: EngineShape, sandbox: SandboxShape) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agentmars.bench.replay import ReplayPlan, publish_output, run_with_progress
+from agentmars.bench.replay import ReplayPlan, engine_shape, publish_output, run_with_progress
 from agentmars.bench.session_mix import EngineShape, SandboxShape
 
 PLAN = ReplayPlan(
@@ -42,19 +42,17 @@ TOOL_SLOTS = 4
 PROFILE = "cpu-tiny"
 
 
-def demo_engine(out: Path, vllm_python: Path | None, model: Path | None) -> EngineShape:
+def demo_engine(out: Path, vllm_files: tuple[Path, Path] | tuple[None, None]) -> EngineShape:
     """The twin, or vLLM CPU when given its python and model; engine on core 0, the
     agents and their tools on core 1 (seed 000's disjoint cores, in miniature)."""
-    return EngineShape(
-        vllm_python=vllm_python or Path("unused"),
-        model=model or Path("unused"),
+    return engine_shape(
+        vllm_files,
         num_blocks=NUM_BLOCKS,
-        max_model_len=PLAN.max_context,
+        max_context=PLAN.max_context,
         cores="0",
         agent_cores="1",
         log_dir=out / "logs",
         profile=PROFILE,
-        twin=vllm_python is None,
     )
 
 

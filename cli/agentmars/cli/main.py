@@ -74,9 +74,9 @@ def demo(
     from agentmars.cli.serve import stop_on_sigterm
 
     try:
-        python, model = _demo_engine_files(engine, vllm_python)
+        vllm_files = _demo_engine_files(engine, vllm_python)
         stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server it started stops
-        code = run_demo(demo_engine(out, python, model), out)
+        code = run_demo(demo_engine(out, vllm_files), out)
     except (BenchSetupError, ReplayBenchError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -298,10 +298,11 @@ def bench_replay(
     from agentmars.bench.replay import (
         ReplayBenchError,
         ReplayPlan,
+        engine_shape,
         publish_output,
         run_with_progress,
     )
-    from agentmars.bench.session_mix import EngineShape, SandboxShape, SessionMixError
+    from agentmars.bench.session_mix import SandboxShape, SessionMixError
     from agentmars.bench.vllm_env import BenchSetupError
     from agentmars.cli.serve import stop_on_sigterm
 
@@ -313,19 +314,16 @@ def bench_replay(
     )
     try:
         plan.check()
-        python, model = _demo_engine_files(engine, vllm_python)
         sandbox = SandboxShape(tool_slots=tool_slots)
         sandbox.check(agent_cores)
-        shape = EngineShape(
-            vllm_python=python or Path("unused"),
-            model=model or Path("unused"),
+        shape = engine_shape(
+            _demo_engine_files(engine, vllm_python),
             num_blocks=num_blocks,
-            max_model_len=max_context,
+            max_context=max_context,
             cores=cores,
             agent_cores=agent_cores,
             log_dir=out / "logs",
             profile=profile,
-            twin=engine is DemoEngine.twin,
         )
         stop_on_sigterm()
         output = run_with_progress(plan, shape, sandbox)

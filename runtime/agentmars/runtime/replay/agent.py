@@ -40,6 +40,7 @@ from agentmars.sdk.emitter import Emitter, Sink
 from agentmars.sdk.events import Event, SessionEnd
 from agentmars.sdk.integrations.openai import instrument_openai
 from agentmars.sdk.sinks import MemorySink
+from agentmars.sdk.sinks.http import HttpSink
 from agentmars.server.workloads.model import SessionSpec, Workload
 
 FIRST_PLAIN_TOKEN = 3
@@ -57,8 +58,6 @@ class ReplayError(RuntimeError):
 class ReplayOptions:
     model: str
     """The served model's id (``/v1/models``)."""
-    tool_scale: float = 1.0
-    """Tools run this many times their recorded duration and CPU time."""
     seed: int = 0
     """Seed of the prompts' token ids."""
 
@@ -124,7 +123,7 @@ class ReplayAgents:
         self,
         gateway: str,
         pool: SandboxPool,
-        gateway_sink: Sink,
+        gateway_sink: HttpSink,
         events: MemorySink,
         options: ReplayOptions,
     ) -> None:
@@ -211,9 +210,7 @@ class ReplayAgents:
                     prompt = [*context, *appends[index]]
                     hints = sdk.hints(
                         next_tool=turn.tool.kind if turn.tool is not None else None,
-                        expected_tool_s=turn.tool.wall_s * self._options.tool_scale
-                        if turn.tool is not None
-                        else None,
+                        expected_tool_s=turn.tool.wall_s if turn.tool is not None else None,
                     )
                     with hints:
                         output = await self._call(prompt, turn.output_tokens)
@@ -251,7 +248,7 @@ class ReplayAgents:
         assert tool is not None
         result = await self._pool.run(
             spec.session_id,
-            tool_exec(tool, turn, scale=self._options.tool_scale),
+            tool_exec(tool, turn),
             tool=tool.kind,
             priority=session.tool_priority or 0,
             call_id=f"{spec.session_id}-tool{turn}",
@@ -262,9 +259,7 @@ class ReplayAgents:
             raise ReplayError(f"tool {tool.kind} after turn {turn}: {result.status} ({detail})")
         # The pool's events reach the gateway before the next call does, as an agent's
         # tool result reaches its next prompt.
-        flush = getattr(self._gateway_sink, "flush", None)
-        if flush is not None:
-            await asyncio.to_thread(flush)
+        await asyncio.to_thread(self._gateway_sink.flush)
         session.note_tool_result()
 
 

@@ -30,6 +30,8 @@ from fastapi.responses import JSONResponse, Response
 from agentmars.sdk.integrations.request import SESSION_HEADER
 from agentmars.server.gateway.call_meta import CallMeta
 from agentmars.server.gateway.events import CallRecorder, CallStatus
+from agentmars.server.web.json_body import BadBody
+from agentmars.server.web.json_body import json_object as read_json_object
 
 INFO_TIMEOUT_S = 2.0
 """For a whole answer to ``GET /v1/models``, ``/version``, ``/health``: instant on a
@@ -235,12 +237,9 @@ async def read_whole(response: aiohttp.ClientResponse) -> Answer:
 def json_object(raw: bytes) -> dict[str, Any]:
     """A request body that must be a JSON object (400 otherwise)."""
     try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, "request body must be a JSON object")
-    return body
+        return read_json_object(raw)
+    except BadBody as exc:
+        raise GatewayError(400, str(exc)) from None
 
 
 def forwarded_body(body: Mapping[str, Any], meta: CallMeta, turn: int) -> dict[str, Any]:

@@ -23,8 +23,12 @@ def _cut(session: SessionSpec, max_turns: int) -> SessionSpec:
     if len(session.turns) <= max_turns:
         return session
     *kept, last = session.turns[:max_turns]
-    turns = (*kept, last.model_copy(update={"tool": None}))
-    return SessionSpec.model_validate({**session.model_dump(), "turns": turns})
+    return _changed(session, turns=(*kept, last.model_copy(update={"tool": None})))
+
+
+def _changed(session: SessionSpec, **changes: object) -> SessionSpec:
+    """``session`` with ``changes``, checked again (``model_copy`` does not check)."""
+    return SessionSpec.model_validate({**session.model_dump(), **changes})
 
 
 def scale_tools(workload: Workload, factor: float) -> Workload:
@@ -32,16 +36,14 @@ def scale_tools(workload: Workload, factor: float) -> Workload:
     if not (math.isfinite(factor) and factor >= 0):
         raise ValueError(f"the tool scale must be a finite number, 0 or more, not {factor}")
     sessions = tuple(
-        SessionSpec.model_validate(
-            {
-                **session.model_dump(),
-                "turns": tuple(
-                    turn
-                    if turn.tool is None
-                    else turn.model_copy(update={"tool": _scaled(turn.tool, factor)})
-                    for turn in session.turns
-                ),
-            }
+        _changed(
+            session,
+            turns=tuple(
+                turn
+                if turn.tool is None
+                else turn.model_copy(update={"tool": _scaled(turn.tool, factor)})
+                for turn in session.turns
+            ),
         )
         for session in workload.sessions
     )
@@ -67,20 +69,18 @@ def fit_context(workload: Workload, max_context: int) -> Workload:
         raise ValueError(f"sessions of this many turns cannot fit a context of {max_context}")
     factor = room / longest
     sessions = tuple(
-        SessionSpec.model_validate(
-            {
-                **session.model_dump(),
-                "shared_prefix_tokens": int(session.shared_prefix_tokens * factor),
-                "turns": tuple(
-                    turn.model_copy(
-                        update={
-                            "append_tokens": _scaled_count(turn.append_tokens, factor, i == 0),
-                            "output_tokens": _scaled_count(turn.output_tokens, factor, True),
-                        }
-                    )
-                    for i, turn in enumerate(session.turns)
-                ),
-            }
+        _changed(
+            session,
+            shared_prefix_tokens=int(session.shared_prefix_tokens * factor),
+            turns=tuple(
+                turn.model_copy(
+                    update={
+                        "append_tokens": _scaled_count(turn.append_tokens, factor, i == 0),
+                        "output_tokens": _scaled_count(turn.output_tokens, factor, True),
+                    }
+                )
+                for i, turn in enumerate(session.turns)
+            ),
         )
         for session in workload.sessions
     )

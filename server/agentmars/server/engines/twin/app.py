@@ -71,6 +71,7 @@ from agentmars.server.engines.twin.replies import (
 )
 from agentmars.server.engines.twin.tool_calls import SessionHints, tool_call_for
 from agentmars.server.web.client_watch import ClientGone, ClientWatch, ClosingStreamingResponse
+from agentmars.server.web.json_body import BadBody, json_object
 
 CHARS_PER_TOKEN = 4
 MAX_NAME = 256
@@ -108,11 +109,9 @@ def synthetic_tokens(text: str) -> int:
 
 def _json_object(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
+        body = json_object(raw)
+    except BadBody as exc:
+        raise ApiError(400, str(exc)) from None
     surrogate = _lone_surrogate(body)
     if surrogate is not None:
         raise ApiError(
