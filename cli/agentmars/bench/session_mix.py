@@ -57,6 +57,13 @@ from rich.table import Table
 
 from agentmars.bench.report import progress_bars, publish
 from agentmars.cli.sandbox import BadOption, parse_cores
+
+# The replay runtime's: token ids below FIRST_PLAIN_TOKEN are special tokens, prompts
+# are drawn below the tiny model's vocabulary, a call may take CALL_TIMEOUT_S, a stuck
+# sandboxed tool is killed TIMEOUT_MARGIN_S after its duration.
+from agentmars.runtime.replay.agent import CALL_TIMEOUT_S, FIRST_PLAIN_TOKEN
+from agentmars.runtime.replay.agent import VOCAB as TINY_VOCAB
+from agentmars.runtime.replay.tools import TIMEOUT_MARGIN_S
 from agentmars.sandbox.config import SandboxConfig
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sandbox.spec import ExecSpec, SandboxError
@@ -70,20 +77,13 @@ from agentmars.server.web.serving import serve_in_subprocess
 from agentmars.server.workloads.registry import build_workload
 
 TOKEN = "agentmars-bench"  # a loopback gateway that lives for one policy's run
-FIRST_PLAIN_TOKEN = 3
-"""Token ids below this are the tiny tokenizer's special tokens."""
-TINY_VOCAB = 512
 STARTUP_TIMEOUT_S = 600.0
-CALL_TIMEOUT_S = 300.0
 ENGINE_LINE = re.compile(r"engine\b[^\n]*?(http://\S+)")
 """How ``agentmars serve`` names the engine's URL on its first line (vLLM's, or the
 twin's after its profile and policy)."""
 SAMPLE_INTERVAL_S = 0.5
 """How often the engine's load is read during a replay."""
 EVENTS_PATH = "/v1/events"
-TOOL_TIMEOUT_MARGIN_S = 60.0
-"""A sandboxed tool (``sleep``) is killed this long after its duration: a stuck one
-fails its session instead of the run."""
 SINK_FLUSH_INTERVAL_S = 0.005
 """The pool's ``HttpSink`` sends a batch this soon after its first event (each tool's
 events are also flushed before its session goes on)."""
@@ -391,7 +391,7 @@ class SandboxTools:
         call_id = f"{session.session_id}-tool{turn_index}"
         spec = ExecSpec(
             command=["sleep", f"{turn.tool_s:.6f}"],
-            timeout_s=turn.tool_s + TOOL_TIMEOUT_MARGIN_S,
+            timeout_s=turn.tool_s + TIMEOUT_MARGIN_S,
         )
         result = await self.pool.run(
             session.session_id, spec, tool=turn.tool, priority=priority, call_id=call_id,
