@@ -10,7 +10,7 @@ PYTHON  ?= $(shell scripts/find-python.sh)
 MYPY_CORE := sdk/agentmars/sdk sandbox/agentmars/sandbox server/agentmars/server runtime/agentmars/runtime cli/agentmars
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: help env test lint typecheck pytest demo bench lock clean vllm-env vllm-smoke vllm-lock
+.PHONY: help env test lint typecheck pytest demo bench lock clean vllm-env vllm-smoke vllm-lock openhands-env
 
 help:
 	@echo "make demo   - the whole system: gateway, engine, sandbox pool, replayed agents; MARS vs FCFS (ENGINE=vllm for vLLM CPU)"
@@ -18,14 +18,16 @@ help:
 	@echo "make bench  - run the benchmarks (figures in docs/benchmarks.md)"
 	@echo "make env    - create $(VENV) with every extra (Python 3.12) and system packages"
 	@echo "make vllm-env   - the vLLM CPU environment (Python 3.11) and the tiny model; prints their paths"
+	@echo "make openhands-env - the OpenHands application's environment (openhands-ai, Python 3.12)"
 	@echo "make vllm-smoke - start vLLM CPU with the tiny model, check and time it (docs/vllm-cpu.md)"
 
-$(STAMP): pyproject.toml requirements/main.lock scripts/apt-packages.txt
+$(STAMP): pyproject.toml requirements/main.lock requirements/openhands-tools.txt scripts/apt-packages.txt
 	scripts/install-system-packages.sh
 	@test -n "$(PYTHON)" || { echo "no Python 3.12 found"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c requirements/main.lock -e ".[all,dev]"
+	$(BIN)/python -m pip install -q --no-deps -c requirements/main.lock -r requirements/openhands-tools.txt
 	touch $@
 
 # The process sandbox's init and seccomp filter, built ahead so that no timed run
@@ -41,10 +43,12 @@ lint: env
 typecheck: env
 	$(BIN)/mypy $(MYPY_CORE)
 
-# The real-engine tests (marked slow) run on the vLLM CPU environment, built and
-# cached by scripts/vllm-env.sh on the first run (a few minutes), reused after.
+# The real-engine tests (marked slow) run on the vLLM CPU environment, and the
+# OpenHands application's test on its own (openhands-ai 1.11 on openhands-sdk 1.34),
+# each built and cached by its script on the first run (a few minutes), reused after.
 pytest: env
-	py=$$(scripts/vllm-env.sh) && AGENTMARS_VLLM_PYTHON=$$py $(BIN)/pytest
+	py=$$(scripts/vllm-env.sh) && oh=$$(scripts/openhands-env.sh) && \
+	  AGENTMARS_VLLM_PYTHON=$$py AGENTMARS_OPENHANDS_PYTHON=$$oh $(BIN)/pytest
 
 test: lint typecheck pytest
 
@@ -69,6 +73,7 @@ lock:
 	rm -rf /tmp/agentmars-lock && $(PYTHON) -m venv /tmp/agentmars-lock
 	/tmp/agentmars-lock/bin/python -m pip install -q --upgrade pip
 	/tmp/agentmars-lock/bin/python -m pip install -q -e ".[all,dev]"
+	/tmp/agentmars-lock/bin/python -m pip install -q --no-deps -r requirements/openhands-tools.txt
 	/tmp/agentmars-lock/bin/python -m pip freeze --exclude-editable > requirements/main.lock
 
 # The vLLM CPU environment (cached in ~/.cache/agentmars, see docs/vllm-cpu.md).
@@ -77,6 +82,9 @@ VLLM_PYTHON = $$(scripts/vllm-env.sh)
 vllm-env:
 	@py=$(VLLM_PYTHON) && model=$$($$py -m agentmars.server.engines.vllm.tiny_model) && \
 	  echo "vLLM python: $$py" && echo "tiny model:  $$model"
+
+openhands-env:
+	@echo "OpenHands app python: $$(scripts/openhands-env.sh)"
 
 vllm-smoke:
 	@py=$(VLLM_PYTHON) && $$py -m agentmars.server.engines.vllm.smoke

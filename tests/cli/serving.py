@@ -2,13 +2,54 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import psutil
+
+from agentmars.server.web.serving import free_loopback_port
+
+TWIN_TOKEN = "test-token"
+
+
+@dataclass(frozen=True)
+class Twin:
+    base: str
+    """The gateway's URL."""
+    engine: str
+    """The engine's own URL, behind the gateway."""
+    token: str = TWIN_TOKEN
+
+
+@contextlib.contextmanager
+def served_twin() -> Iterator[Twin]:
+    """``agentmars serve --engine sim --profile cpu-tiny`` on a free loopback port, as a
+    user starts it; stopped (SIGTERM) and checked to exit cleanly after."""
+    port = free_loopback_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentmars.cli.main", "serve", "--engine", "sim",
+         "--profile", "cpu-tiny", "--port", str(port)],
+        env={**os.environ, "AGENTMARS_GATEWAY_TOKEN": TWIN_TOKEN},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(base + "/healthz", process, timeout_s=30)
+        assert process.stdout is not None
+        # "agentmars: gateway on ..., simulated engine (...) <engine URL>"
+        yield Twin(base, engine=process.stdout.readline().split()[-1])
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    assert process.returncode == 0, process.stderr.read() if process.stderr else ""
 
 
 def wait_for(url: str, process: subprocess.Popen[str], timeout_s: float) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,19 +20,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentmars.sdk.events import LLMEnd, LLMSubmit, SessionEnd, ToolEnd, decode_jsonl
-from agentmars.server.web.serving import free_loopback_port
-from tests.cli.serving import wait_for
+from tests.cli.serving import Twin as ServedTwin
+from tests.cli.serving import served_twin
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-ENV = {**os.environ, "AGENTMARS_GATEWAY_TOKEN": "test-token"}
 
 
-class Twin:
-    def __init__(self, base: str, engine: str) -> None:
-        self.base = base
-        self.engine = engine
-        """The engine's own URL, behind the gateway (its /metrics count its calls)."""
-
+class Twin(ServedTwin):
     def engine_calls(self) -> float:
         text = httpx.get(self.engine + "/metrics", timeout=5).text
         for family in text_string_to_metric_families(text):
@@ -45,23 +38,8 @@ class Twin:
 
 @pytest.fixture(scope="module")
 def twin() -> Iterator[Twin]:
-    port = free_loopback_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agentmars.cli.main", "serve", "--engine", "sim",
-         "--profile", "cpu-tiny", "--port", str(port)],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(base + "/healthz", process, timeout_s=30)
-        assert process.stdout is not None
-        # "agentmars: gateway on ..., simulated engine (...) <engine URL>"
-        yield Twin(base, engine=process.stdout.readline().split()[-1])
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
-    assert process.returncode == 0, process.stderr.read() if process.stderr else ""
+    with served_twin() as served:
+        yield Twin(served.base, served.engine)
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -102,6 +80,27 @@ def test_an_agent_loop_records_its_session(twin: Twin, script: str, tmp_path: Pa
     assert isinstance(events[-1], SessionEnd) and events[-1].status == "ok"
     # The calls went through the gateway to the engine, one engine call per LLM call.
     assert twin.engine_calls() - calls_before == counts["llm_end"]
+
+
+def test_openhands_dropin_runs_a_conversation_as_one_session(twin: Twin, tmp_path: Path) -> None:
+    events_path = tmp_path / "e.jsonl"
+    env = {**os.environ, "AGENTMARS_GATEWAY_TOKEN": twin.token}
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "openhands_dropin.py"), "--base-url", twin.base + "/v1",
+         "--events", str(events_path), "--max-turns", "6"],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    conversation = done.stdout.split()[1].rstrip(":")
+    assert done.stdout.split()[2] == "finished", done.stdout
+    events = decode_jsonl(events_path.read_text()).events
+    # The twin calls "terminal" for a session's first three calls, then "finish".
+    tool_ends = [e for e in events if isinstance(e, ToolEnd)]
+    assert [e.tool for e in tool_ends] == ["terminal"] * 3
+    assert [e.turn for e in tool_ends] == [0, 1, 2]
+    assert {getattr(e, "session_id", conversation) for e in events} == {conversation}
+    assert isinstance(events[-1], SessionEnd) and events[-1].status == "ok"
+    assert events[-1].turns == 4
 
 
 def test_otel_export_prints_the_session_call_and_tool_spans(twin: Twin) -> None:

@@ -202,3 +202,52 @@ async def test_1000_calls_leak_no_fds_processes_or_memory(tmp_path: Path) -> Non
         assert _children() == 0
         # A leak of even 1 KiB per call would show as 1 MB; allow allocator noise.
         assert _rss_kib() - rss < 8 * 1024
+
+
+async def test_in_process_calls_are_admitted_pinned_and_reported_like_commands(
+    make_pool: MakePool, events: MemorySink
+) -> None:
+    pool = await make_pool(tool_cores=CORES[-1:], engine_cores=[], slots=1)
+    pool.open_session("s1")
+    blocker = asyncio.create_task(pool.run("s1", _wait_for_file("go"), call_id="cmd", priority=0))
+    await asyncio.sleep(0)
+    while pool.pressure.active == 0:
+        await asyncio.sleep(0.005)
+
+    def affinity() -> set[int]:
+        return os.sched_getaffinity(0)
+
+    # Queued behind the running command: it starts only when the command's slot frees.
+    in_process = asyncio.create_task(
+        pool.run_in_process("s1", affinity, tool="file_editor", call_id="edit", turn=3)
+    )
+    while pool.pressure.queued == 0:
+        await asyncio.sleep(0.005)
+    assert not in_process.done()
+    (pool.workspace("s1") / "go").touch()
+    assert (await blocker).status == "ok"
+    assert await in_process == {CORES[-1]}
+    # The worker thread got its affinity back.
+    assert await asyncio.to_thread(affinity) == os.sched_getaffinity(0)
+    mine = [e for e in events.events if getattr(e, "call_id", None) == "edit"]
+    assert [type(e) for e in mine] == [ToolEnqueue, ToolStart, ToolEnd]
+    assert all(e.tool == "file_editor" and e.turn == 3 for e in mine)  # type: ignore[attr-defined]
+    assert mine[1].queue_wait_s > 0  # type: ignore[attr-defined]
+    assert mine[2].status == "ok"  # type: ignore[attr-defined]
+
+
+async def test_an_in_process_call_raises_what_its_function_raises(
+    pool: SandboxPool, events: MemorySink
+) -> None:
+    pool.open_session("s1")
+
+    def broken() -> None:
+        raise ValueError("no such file")
+
+    with pytest.raises(ValueError, match="no such file"):
+        await pool.run_in_process("s1", broken, tool="file_editor", call_id="bad")
+    end = next(e for e in events.events if isinstance(e, ToolEnd) and e.call_id == "bad")
+    assert end.status == "error" and end.error == "ValueError: no such file"
+    assert pool.pressure.active == 0
+    with pytest.raises(UnknownSession):
+        await pool.run_in_process("nobody", lambda: None)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Self, TypedDict
+from typing import Self, TypedDict, TypeVar
 
 from agentmars.sandbox.admission import Admission, check_priority
 from agentmars.sandbox.backends.base import Backend, Job, OutputCallback, Slot
@@ -46,6 +49,25 @@ log = logging.getLogger("agentmars.sandbox")
 
 CLOSE_GRACE_S = 10.0
 """How long closing a session waits for its calls to be killed and reaped."""
+
+
+T = TypeVar("T")
+_Execute = Callable[[Slot, asyncio.Event], Awaitable[ExecResult]]
+"""Runs an admitted call in its slot until it ends or the event is set."""
+IN_PROCESS = ExecSpec(command=["in-process"])
+"""What ``run_in_process`` checks its call against in place of a command."""
+
+
+def _pinned(cores: tuple[int, ...], function: Callable[[], T]) -> T:
+    """``function`` run with the calling thread (only it) pinned to ``cores``; the
+    thread's affinity is put back after, as the thread returns to a shared pool."""
+    thread = threading.get_native_id()
+    before = os.sched_getaffinity(thread)
+    os.sched_setaffinity(thread, cores)
+    try:
+        return function()
+    finally:
+        os.sched_setaffinity(thread, before)
 
 
 class _CallIds(TypedDict):
@@ -213,14 +235,71 @@ class SandboxPool:
         how it ended (a timeout or a kill is a result, not an exception). Raises
         ``SandboxError`` for bad input, an unknown session or a closed pool."""
         job, call_id = self._prepare(session_id, spec, tool, priority, call_id)
-        key = (session_id, call_id)
+
+        async def execute(slot: Slot, cancel: asyncio.Event) -> ExecResult:
+            return await self.backend.execute(slot, job, cancel=cancel, on_output=on_output)
+
+        ids = _CallIds(session_id=session_id, call_id=call_id, turn=turn, tool=tool)
+        return await self._run_registered(ids, priority, execute)
+
+    async def run_in_process(
+        self,
+        session_id: str,
+        function: Callable[[], T],
+        *,
+        tool: str = "tool",
+        priority: int = 0,
+        call_id: str | None = None,
+        turn: int | None = None,
+    ) -> T:
+        """Run ``function`` in a worker thread of this process under the pool's
+        admission, as a sandboxed call is run: enqueued by priority, started when a
+        slot is free, the thread pinned to the slot's cores meanwhile, the same tool
+        events. For a tool that must run in the agent's process (OpenHands' file
+        editor keeps its undo history in memory). Returns or raises what ``function``
+        does; ``SandboxError`` if the call is interrupted while queued (a running
+        thread cannot be stopped)."""
+        job, call_id = self._prepare(session_id, IN_PROCESS, tool, priority, call_id)
+        returned: list[T] = []
+        raised: list[BaseException] = []
+
+        async def execute(slot: Slot, cancel: asyncio.Event) -> ExecResult:
+            started = time.monotonic()
+            try:
+                returned.append(await asyncio.to_thread(_pinned, slot.cores, function))
+            except Exception as exc:
+                raised.append(exc)
+            await self.backend.adopt(job.workspace)
+            return ExecResult(
+                status="error" if raised else "ok",
+                exit_status=None,
+                stdout="",
+                stderr="",
+                wall_s=time.monotonic() - started,
+                slot=slot.index,
+                cores=list(slot.cores),
+                backend="in-process",
+                detail=f"{type(raised[0]).__name__}: {raised[0]}" if raised else None,
+            )
+
+        ids = _CallIds(session_id=session_id, call_id=call_id, turn=turn, tool=tool)
+        result = await self._run_registered(ids, priority, execute)
+        if raised:
+            raise raised[0]
+        if not returned:
+            raise SandboxError(f"{tool} call {call_id!r}: {result.detail}")
+        return returned[0]
+
+    async def _run_registered(self, ids: _CallIds, priority: int, execute: _Execute) -> ExecResult:
+        """Run a prepared call, known to ``interrupt`` and ``close_session`` meanwhile."""
+        key = (ids["session_id"], ids["call_id"])
         if key in self._running:
-            raise SandboxError(f"call {call_id!r} of session {session_id!r} is already running")
+            raise SandboxError(
+                f"call {ids['call_id']!r} of session {ids['session_id']!r} is already running"
+            )
         call = self._running[key] = _Call()
         try:
-            return await self._run_admitted(
-                job, tool, priority, call_id, turn, call.cancel, on_output
-            )
+            return await self._run_admitted(ids, priority, call.cancel, execute)
         finally:
             del self._running[key]
             call.done.set()
@@ -253,16 +332,8 @@ class SandboxPool:
         return job, call_id or new_id()[:16]
 
     async def _run_admitted(
-        self,
-        job: Job,
-        tool: str,
-        priority: int,
-        call_id: str,
-        turn: int | None,
-        cancel: asyncio.Event,
-        on_output: OutputCallback | None,
+        self, ids: _CallIds, priority: int, cancel: asyncio.Event, execute: _Execute
     ) -> ExecResult:
-        ids = _CallIds(session_id=job.session_id, call_id=call_id, turn=turn, tool=tool)
         enqueued = clock()
         self._emit(ToolEnqueue(**ids, **enqueued, priority=priority, source="sandbox"))
         self.pressure.queued += 1
@@ -280,9 +351,7 @@ class SandboxPool:
         self._publish_pressure()
         result: ExecResult | None = None
         try:
-            result = await self.backend.execute(
-                self.slots[slot_index], job, cancel=cancel, on_output=on_output
-            )
+            result = await execute(self.slots[slot_index], cancel)
             result = result.model_copy(update={"queue_wait_s": queue_wait_s})
             return result
         finally:

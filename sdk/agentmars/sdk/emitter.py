@@ -53,6 +53,18 @@ class Emitter:
         if first:
             log.warning("agentmars sink %s failed (further failures counted only): %r", name, exc)
 
+    def flush(self) -> None:
+        """Deliver what buffering sinks hold now (an ``HttpSink``'s queue): an agent
+        flushes a tool's events before its next LLM call, so the gateway sees the tool
+        end before the call that follows it."""
+        for sink in self._sinks:
+            flush = getattr(sink, "flush", None)
+            if callable(flush):
+                try:
+                    flush()
+                except Exception as exc:
+                    self._sink_failed(sink, exc)
+
     def add(self, sink: Sink) -> None:
         with self._lock:
             self._sinks = (*self._sinks, sink)

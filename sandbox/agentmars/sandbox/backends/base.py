@@ -55,6 +55,11 @@ class Backend(Protocol):
         the cap is drained and counted, never buffered. Never leaves a process behind."""
         ...
 
+    async def adopt(self, workspace: Path) -> None:
+        """Make what the pool's own process wrote into ``workspace`` (an in-process
+        tool's files) the sandbox's to read and write."""
+        ...
+
     async def release_session(self, session_id: str) -> None:
         """Drop whatever the backend keeps for a session (e.g. its container)."""
         ...

@@ -911,6 +911,12 @@ class ProcessBackend:
             detail=detail,
         )
 
+    async def adopt(self, workspace: Path) -> None:
+        """Jobs run as another uid: files the host's process made (root's, often
+        0600) are handed to it, the whole tree, as before a workspace's first job."""
+        if self._isolation == "drop":
+            await asyncio.to_thread(hand_over, workspace, SANDBOX_UID)
+
     async def release_session(self, session_id: str) -> None:
         """Nothing to drop: this backend keeps no state per session."""
 

@@ -1,0 +1,173 @@
+"""A real OpenHands Conversation (the SDK's scripted ``TestLLM``) on AgentmarsRuntime:
+its terminal commands run in the sandbox pool, pinned to a slot's cores and in the
+sandbox's namespaces (seen from inside the commands), with the terminal's contract
+(working directory and variables kept, exit codes, soft timeouts, C-c, reset); the file
+editor and the task tracker are admitted by the pool; every tool call is a pool event
+of the conversation's session."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("openhands.tools.terminal")
+# First: it keeps LiteLLM from fetching its cost map (a background thread) at import.
+from agentmars.runtime.openhands import AgentmarsRuntime  # noqa: I001
+
+from openhands.sdk import Agent, Tool
+from openhands.sdk.event import ObservationEvent
+from openhands.sdk.llm import Message, MessageToolCall, TextContent
+from openhands.sdk.testing import TestLLM
+
+from agentmars.sandbox.config import SandboxConfig, allowed_cores
+from agentmars.sandbox.pool import SandboxPool
+from agentmars.sdk.emitter import Emitter
+from agentmars.sdk.events import SessionEnd, ToolEnd, ToolEnqueue, ToolStart
+from agentmars.sdk.sinks.memory import MemorySink
+
+TOOL_CORE = allowed_cores()[-1]
+TOOLS = [Tool(name="terminal"), Tool(name="file_editor"), Tool(name="task_tracker")]
+
+
+@pytest.fixture
+async def pool(tmp_path: Path) -> AsyncIterator[tuple[SandboxPool, MemorySink]]:
+    events = MemorySink()
+    config = SandboxConfig(
+        workspace_root=tmp_path / "ws", tool_cores=[TOOL_CORE], engine_cores=[], slots=1
+    )
+    async with SandboxPool(config, emitter=Emitter([events])) as started:
+        yield started, events
+
+
+def _call(index: int, tool: str, **arguments: Any) -> Message:
+    call = MessageToolCall(
+        id=f"call-{index}", name=tool, arguments=json.dumps(arguments), origin="completion"
+    )
+    return Message(role="assistant", content=[TextContent(text="")], tool_calls=[call])
+
+
+def _script(*calls: tuple[str, dict[str, Any]]) -> TestLLM:
+    steps = [_call(i, tool, **arguments) for i, (tool, arguments) in enumerate(calls)]
+    return TestLLM.from_messages([*steps, _call(len(calls), "finish", message="done")])
+
+
+async def _converse(
+    pool: SandboxPool, llm: TestLLM, conversation_id: uuid.UUID
+) -> list[ObservationEvent]:
+    """Runs the conversation to its end; its tool observations, in order."""
+    runtime = AgentmarsRuntime("http://127.0.0.1:9", pool)
+    observations: list[ObservationEvent] = []
+
+    def collect(event: Any) -> None:
+        if isinstance(event, ObservationEvent) and event.tool_name != "finish":
+            observations.append(event)
+
+    def run() -> None:
+        with runtime.conversation(
+            Agent(llm=llm, tools=TOOLS),
+            conversation_id=conversation_id,
+            callbacks=[collect],
+            visualizer=None,
+        ) as conversation:
+            conversation.send_message("work")
+            conversation.run()
+
+    await asyncio.to_thread(run)
+    return observations
+
+
+def _texts(observations: list[ObservationEvent]) -> list[str]:
+    return [event.observation.text for event in observations]
+
+
+async def test_terminal_commands_run_pinned_in_the_sandbox_and_keep_their_shell_state(
+    pool: tuple[SandboxPool, MemorySink],
+) -> None:
+    sandbox, events = pool
+    conversation_id = uuid.uuid4()
+    workspace = sandbox.open_session(str(conversation_id))  # the conversation's, reused
+    llm = _script(
+        ("terminal", {"command": "grep Cpus_allowed_list /proc/self/status; "
+                      "readlink /proc/self/ns/pid /proc/self/ns/mnt; pwd; "
+                      "mkdir sub && cd sub && export GREETING=hello"}),
+        ("terminal", {"command": "pwd; echo \"$GREETING\"; echo oops >&2; exit 3"}),
+        ("file_editor", {"command": "create", "path": str(workspace / "notes.txt"),
+                         "file_text": "seen by the sandbox\n"}),
+        ("terminal", {"command": "cat ../notes.txt"}),
+        ("task_tracker", {"command": "plan", "task_list": [
+            {"title": "read", "notes": "", "status": "done"}]}),
+    )  # fmt: skip
+    observations = await _converse(sandbox, llm, conversation_id)
+
+    first, second, edit, cat, plan = observations
+    lines = first.observation.text.split()
+    assert lines[0] == "Cpus_allowed_list:" and lines[1] == str(TOOL_CORE)
+    host_namespaces = [os.readlink(f"/proc/self/ns/{kind}") for kind in ("pid", "mnt")]
+    assert lines[2] != host_namespaces[0] and lines[3] != host_namespaces[1]
+    assert lines[4] == str(workspace)
+    assert first.observation.exit_code == 0  # type: ignore[attr-defined]
+    assert second.observation.text.split() == [str(workspace / "sub"), "hello", "oops"]
+    assert second.observation.exit_code == 3  # type: ignore[attr-defined]
+    assert "[Command finished with exit code 3]" in second.observation.to_llm_content[0].text  # type: ignore[union-attr]
+    assert not edit.observation.is_error, edit.observation.text
+    assert cat.observation.text.strip() == "seen by the sandbox"
+    assert not plan.observation.is_error, plan.observation.text
+
+    session = str(conversation_id)
+    tool_events = [e for e in events.events if isinstance(e, ToolEnqueue | ToolStart | ToolEnd)]
+    assert {e.session_id for e in tool_events} == {session}
+    ends = [e for e in tool_events if isinstance(e, ToolEnd)]
+    assert [(e.tool, e.turn, e.status) for e in ends] == [
+        ("terminal", 0, "ok"),
+        ("terminal", 1, "error"),
+        ("file_editor", 2, "ok"),
+        ("terminal", 3, "ok"),
+        ("task_tracker", 4, "ok"),
+    ]
+    assert [type(e) for e in tool_events] == [ToolEnqueue, ToolStart, ToolEnd] * 5
+    (end,) = [e for e in events.events if isinstance(e, SessionEnd)]
+    assert end.session_id == session and end.status == "ok" and end.turns == 6
+    assert sandbox.sessions == []  # closed with the conversation
+
+
+async def test_a_soft_timeout_leaves_the_command_running_until_c_c(
+    pool: tuple[SandboxPool, MemorySink],
+) -> None:
+    sandbox, events = pool
+    llm = _script(
+        ("terminal", {"command": "echo started; sleep 60; echo never", "timeout": 0.5}),
+        ("terminal", {"command": "echo refused"}),
+        ("terminal", {"command": "C-c", "is_input": True}),
+        ("terminal", {"command": "echo after"}),
+    )
+    running, refused, stopped, after = await _converse(sandbox, llm, uuid.uuid4())
+    assert running.observation.exit_code == -1  # type: ignore[attr-defined]
+    assert running.observation.timeout  # type: ignore[attr-defined]
+    assert running.observation.text.strip() == "started"
+    assert "NOT executed" in refused.observation.to_llm_content[0].text  # type: ignore[union-attr]
+    assert stopped.observation.exit_code == 130  # type: ignore[attr-defined]
+    assert "never" not in stopped.observation.text
+    assert after.observation.text.strip() == "after"
+    assert after.observation.exit_code == 0  # type: ignore[attr-defined]
+    cancelled = [e for e in events.events if isinstance(e, ToolEnd) and e.status == "cancelled"]
+    assert len(cancelled) == 1
+
+
+async def test_reset_forgets_the_shell_state(pool: tuple[SandboxPool, MemorySink]) -> None:
+    sandbox, _ = pool
+    llm = _script(
+        ("terminal", {"command": "mkdir d && cd d && export X=1"}),
+        ("terminal", {"command": "pwd; echo ${X:-unset}", "reset": True}),
+    )
+    conversation_id = uuid.uuid4()
+    _, reset = await _converse(sandbox, llm, conversation_id)
+    text = reset.observation.text
+    assert text.startswith("Terminal session has been reset.")
+    assert text.split()[-2:] == [str(sandbox.config.workspace_root / str(conversation_id)), "unset"]
