@@ -30,6 +30,7 @@ def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         (("bench", "replay", "--workload", "nope"), "unknown workload"),
         (("bench", "replay", "--vllm-python", "/x"), "--vllm-python is for --engine vllm"),
         (("bench", "replay", "--tool-scale", "-1"), "--tool-scale must be 0 or more"),
+        (("bench", "replay", "--agents", "nope"), "--agents must be one of replay, openhands"),
         (("demo", "--engine", "vllm", "--vllm-python", "/nonexistent"), "does not exist"),
     ],
 )
@@ -63,6 +64,26 @@ def test_replay_on_the_twin_measures_each_policy_and_its_prediction(tmp_path: Pa
     assert {s.engine for s in measured} == {"twin:cpu-tiny"}
     assert (out / "index.html").is_file() and (out / "latency_vs_load.png").is_file()
     assert "mars against the others" in done.stdout and "prediction" in done.stdout
+
+
+@pytest.mark.slow
+def test_openhands_conversations_replay_a_workload_on_the_twin(tmp_path: Path) -> None:
+    pytest.importorskip("openhands.tools.terminal")
+    out = tmp_path / "replay"
+    done = _run(
+        "bench", "replay", "--agents", "openhands", "--sessions", "2", "--rate", "1",
+        "--max-turns", "3", "--tool-scale", "0.3", "--policies", "mars",
+        "--num-blocks", "2048", "--max-context", "16384", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Created new conversation" not in done.stderr  # OpenHands' INFO logs kept out
+    (run, predicted) = SweepResult.read(out / "results.json").runs
+    assert (run.policy, predicted.policy) == ("mars", "mars (sim)")
+    summary = run.summary
+    assert (summary.sessions, summary.unfinished) == (2, 0)
+    # Every call was streamed (a first token seen) and recorded, every tool ran.
+    assert summary.latency_s is not None and summary.ttft_s is not None
+    assert summary.cpu.active_tools is not None and summary.cpu.active_tools > 0
 
 
 @pytest.mark.slow

@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,8 +40,14 @@ from agentmars.bench.session_mix import (
     pinned,
     served,
 )
-from agentmars.runtime.replay.agent import ReplayAgents, ReplayOptions, ReplayRun, SessionOutcome
-from agentmars.runtime.replay.records import RunLabels, run_record
+from agentmars.runtime.replay.agent import (
+    ReplayAgents,
+    ReplayOptions,
+    ReplayRun,
+    SessionOutcome,
+    WorkloadReplay,
+)
+from agentmars.runtime.replay.records import RunLabels, run_record, workload_as_run
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sdk.emitter import Emitter
 from agentmars.sdk.sinks import MemorySink
@@ -57,6 +65,8 @@ from agentmars.server.workloads.registry import build_workload
 from agentmars.server.workloads.reshape import first_turns, fit_context, scale_tools
 
 PREDICTED = " (sim)"
+AGENTS = ("replay", "openhands")
+"""The agent drivers ``--agents`` names (``ReplayPlan.agents``)."""
 """Suffix of the simulator's prediction of a policy's run in the results."""
 
 
@@ -79,6 +89,9 @@ class ReplayPlan:
     tool_scale: float = 1.0
     seed: int = 1
     policies: tuple[str, ...] = ("mars", "fcfs")
+    agents: str = "replay"
+    """``replay``: the trace-replay agents (the OpenAI client, token-id prompts);
+    ``openhands``: OpenHands conversations in replay mode (``runtime.openhands``)."""
 
     def check(self) -> None:
         if self.sessions < 1 or self.max_turns < 1:
@@ -91,6 +104,10 @@ class ReplayPlan:
             raise ReplayBenchError(f"--tool-scale must be 0 or more, not {self.tool_scale}")
         if not self.policies:
             raise ReplayBenchError("--policies: give at least one")
+        if self.agents not in AGENTS:
+            raise ReplayBenchError(
+                f"--agents must be one of {', '.join(AGENTS)}, not {self.agents!r}"
+            )
         for policy in self.policies:
             try:
                 make_policy(policy)
@@ -167,14 +184,19 @@ def run_policy(
     policy: str,
     workload: Workload,
     on_done: Progress | None = None,
+    *,
+    agents: str = "replay",
 ) -> PolicyRun:
-    """Serve with ``policy``, replay ``workload``, stop; its run and the prediction."""
+    """Serve with ``policy``, replay ``workload`` with ``agents``, stop; its run and the
+    prediction."""
     with served(engine, policy) as stack:
         before = _counters(stack.engine_url)
         began = time.monotonic()
         with pinned(engine.agent_cores):
             run = asyncio.run(
-                _replay(stack.gateway, stack.model, workload, sandbox, engine, policy, on_done)
+                _replay(
+                    stack.gateway, stack.model, workload, sandbox, engine, policy, on_done, agents
+                )
             )
         replay_s = time.monotonic() - began
         after = _counters(stack.engine_url)
@@ -185,7 +207,14 @@ def run_policy(
     return PolicyRun(
         policy=policy,
         record=record,
-        predicted=predict(engine, sandbox, policy, workload),
+        # OpenHands' prompts are its own (its system prompt, real observations): the
+        # simulator predicts the sessions with the tokens they had on the wire.
+        predicted=predict(
+            engine,
+            sandbox,
+            policy,
+            workload_as_run(workload, record) if agents == "openhands" else workload,
+        ),
         failed=[outcome.error for outcome in run.failed if outcome.error is not None],
         startup_s=stack.startup_s,
         replay_s=replay_s,
@@ -221,6 +250,7 @@ async def _replay(
     engine: EngineShape,
     policy: str,
     on_done: Progress | None,
+    agents: str,
 ) -> ReplayRun:
     """The agents with a sandbox pool on the agent cores, its events to the gateway."""
     with tempfile.TemporaryDirectory(
@@ -231,14 +261,34 @@ async def _replay(
         events = MemorySink()
         try:
             async with SandboxPool(config, emitter=Emitter([events, sink])) as pool:
-                agents = ReplayAgents(gateway, pool, sink, events, ReplayOptions(model=model))
+                driver = _agents(agents, gateway, pool, sink, events, ReplayOptions(model=model))
                 try:
                     report = None if on_done is None else _bind(on_done, policy)
-                    return await agents.run(workload, report)
+                    return await driver.run(workload, report)
                 finally:
-                    await agents.close()
+                    await driver.close()
         finally:
             sink.close()
+
+
+def _agents(
+    kind: str,
+    gateway: str,
+    pool: SandboxPool,
+    sink: HttpSink,
+    events: MemorySink,
+    options: ReplayOptions,
+) -> WorkloadReplay:
+    if kind == "openhands":
+        # OpenHands logs every conversation's creation and warns of each call's cost
+        # (the served model is not in LiteLLM's price list), through the progress bars.
+        os.environ.setdefault("LOG_LEVEL", "WARNING")
+        warnings.filterwarnings("ignore", "Cost calculation failed", UserWarning)
+        # Imported here: OpenHands (the ``openhands`` extra) takes seconds to import.
+        from agentmars.runtime.openhands.replay import OpenHandsReplayAgents
+
+        return OpenHandsReplayAgents(gateway, pool, events, options)
+    return ReplayAgents(gateway, pool, sink, events, options)
 
 
 def _bind(on_done: Progress, policy: str) -> Callable[[SessionOutcome], None]:
@@ -294,7 +344,10 @@ def run_all(
     """Every policy of the plan in turn, each with its prediction."""
     workload = plan.workload_of()
     sandbox.check(engine.agent_cores)
-    runs = [run_policy(engine, sandbox, policy, workload, on_done) for policy in plan.policies]
+    runs = [
+        run_policy(engine, sandbox, policy, workload, on_done, agents=plan.agents)
+        for policy in plan.policies
+    ]
     results = []
     for run in runs:
         for record in (run.record, run.predicted):

@@ -277,6 +277,13 @@ def bench_replay(
     ] = 4096,
     max_turns: Annotated[int, typer.Option(min=1, help="Calls per session, at most.")] = 8,
     tool_scale: Annotated[float, typer.Option(help="Factor on the tools' time.")] = 1.0,
+    agents: Annotated[
+        str,
+        typer.Option(
+            help="replay: trace-replay agents (token-id prompts); openhands: OpenHands "
+            "conversations in replay mode (the openhands extra)."
+        ),
+    ] = "replay",
     num_blocks: Annotated[int, typer.Option(min=1, help="KV blocks of the engine.")] = 48,
     profile: Annotated[
         str, typer.Option(help="The twin's pacing, the plugin's costs, the prediction's model.")
@@ -310,8 +317,9 @@ def bench_replay(
     if rate is None and concurrency is None:
         rate = 0.4
     plan = ReplayPlan(
-        workload, sessions, rate, concurrency, max_turns, max_context, tool_scale, seed, names
-    )
+        workload, sessions, rate, concurrency, max_turns, max_context, tool_scale, seed, names,
+        agents,
+    )  # fmt: skip
     try:
         plan.check()
         sandbox = SandboxShape(tool_slots=tool_slots)

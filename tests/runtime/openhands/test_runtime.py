@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -59,7 +60,7 @@ def _script(*calls: tuple[str, dict[str, Any]]) -> TestLLM:
 
 
 async def _converse(
-    pool: SandboxPool, llm: TestLLM, conversation_id: uuid.UUID
+    pool: SandboxPool, llm: TestLLM, conversation_id: uuid.UUID, tools: list[Tool] = TOOLS
 ) -> list[ObservationEvent]:
     """Runs the conversation to its end; its tool observations, in order."""
     runtime = AgentmarsRuntime("http://127.0.0.1:9", pool)
@@ -71,7 +72,7 @@ async def _converse(
 
     def run() -> None:
         with runtime.conversation(
-            Agent(llm=llm, tools=TOOLS),
+            Agent(llm=llm, tools=tools),
             conversation_id=conversation_id,
             callbacks=[collect],
             visualizer=None,
@@ -171,3 +172,36 @@ async def test_reset_forgets_the_shell_state(pool: tuple[SandboxPool, MemorySink
     text = reset.observation.text
     assert text.startswith("Terminal session has been reset.")
     assert text.split()[-2:] == [str(sandbox.config.workspace_root / str(conversation_id)), "unset"]
+
+
+async def test_without_a_timeout_the_command_runs_on_while_it_prints(
+    pool: tuple[SandboxPool, MemorySink],
+) -> None:
+    sandbox, _ = pool
+    printing = "for i in 1 2 3 4; do echo $i; sleep 0.4; done; sleep 60"
+    llm = _script(
+        ("terminal", {"command": printing}),
+        ("terminal", {"command": "C-c", "is_input": True}),
+    )
+    # No output for 1 s: a soft timeout. The loop prints for 1.6 s, longer than that.
+    terminal = [Tool(name="terminal", params={"no_change_timeout_seconds": 1})]
+    started = time.monotonic()
+    quiet, stopped = await _converse(sandbox, llm, uuid.uuid4(), terminal)
+    assert quiet.observation.text.split() == ["1", "2", "3", "4"]
+    assert quiet.observation.exit_code == -1  # type: ignore[attr-defined]
+    assert "no new output after 1 seconds" in quiet.observation.to_llm_content[0].text  # type: ignore[union-attr]
+    assert stopped.observation.exit_code == 130  # type: ignore[attr-defined]
+    assert time.monotonic() - started < 30
+
+
+async def test_misuse_is_refused_with_a_message(pool: tuple[SandboxPool, MemorySink]) -> None:
+    sandbox, _ = pool
+    runtime = AgentmarsRuntime("http://127.0.0.1:9", sandbox)
+    agent = Agent(llm=_script(), tools=TOOLS)
+    with (
+        pytest.raises(ValueError, match="give files= to copy a folder"),
+        runtime.conversation(agent, workspace="/tmp"),
+    ):
+        pass
+    with pytest.raises(RuntimeError, match="inside the event loop"):
+        await asyncio.to_thread(AgentmarsRuntime, "http://127.0.0.1:9", sandbox)

@@ -8,7 +8,7 @@ from typing import Literal
 import pytest
 
 from agentmars.runtime.replay.agent import ReplayRun, SessionOutcome
-from agentmars.runtime.replay.records import RunLabels, run_record
+from agentmars.runtime.replay.records import AS_RUN_GROUP, RunLabels, run_record, workload_as_run
 from agentmars.sdk.events import (
     Event,
     LLMEnd,
@@ -155,3 +155,17 @@ def test_a_run_without_finished_sessions_lasts_zero() -> None:
     outcomes = [SessionOutcome("a", arrival_ns=at(0.0), error="a: ReplayError: engine")]
     record = run_record(run_of([], outcomes), WORKLOAD, LABELS)
     assert (record.sessions, record.unfinished, record.duration_s) == ([], ["a"], 0.0)
+
+
+def test_the_workload_as_run_has_the_tokens_the_calls_had_on_the_wire() -> None:
+    record = run_record(two_sessions(), WORKLOAD, LABELS)
+    as_run = workload_as_run(WORKLOAD, record)
+    a, b = as_run.sessions
+    # Session a's calls had prompts of 100 and 130 tokens, outputs of 10 and 5: turn 1
+    # appended 130 - (100 + 10) = 20.
+    assert [(t.append_tokens, t.output_tokens) for t in a.turns] == [(100, 10), (20, 5)]
+    assert [a.prompt_tokens(0), a.prompt_tokens(1)] == [100, 130]
+    assert a.turns[0].tool == BASH and (a.agent, a.task_id) == ("coder", "t1")
+    # Its first prompt is the shortest first prompt of the finished sessions: shared.
+    assert (a.shared_prefix_tokens, a.prefix_group) == (100, AS_RUN_GROUP)
+    assert b == WORKLOAD.sessions[1]  # unfinished: as the workload has it

@@ -33,7 +33,7 @@ from pydantic import SecretStr
 
 from agentmars.runtime.openhands.binding import SandboxSession
 from agentmars.runtime.openhands.markers import SessionMarkers
-from agentmars.runtime.openhands.tools import bind, sandboxed_specs, unbind
+from agentmars.runtime.openhands.tools import bind, sandboxed_specs, session_of, unbind
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sandbox.spec import SandboxError
 from agentmars.sdk.events import SessionEnd
@@ -50,7 +50,13 @@ class AgentmarsRuntime:
     def __init__(self, gateway: str, pool: SandboxPool) -> None:
         self.gateway = gateway.rstrip("/")
         self.pool = pool
-        self._loop = asyncio.get_running_loop()
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "make AgentmarsRuntime inside the event loop that runs its SandboxPool "
+                "(in `async with SandboxPool(...) as pool:`)"
+            ) from None
 
     @contextlib.contextmanager
     def conversation(
@@ -59,13 +65,21 @@ class AgentmarsRuntime:
         *,
         files: Path | None = None,
         conversation_id: uuid.UUID | None = None,
+        session_id: str | None = None,
         callbacks: Sequence[Any] = (),
         **options: Any,
     ) -> Iterator[LocalConversation]:
         """An OpenHands conversation of ``agent`` on agentmars; ``files`` are copied
-        into its workspace first; ``options`` go to ``Conversation``."""
+        into its workspace first; ``session_id`` names its session (default: the
+        conversation id; a replayed workload's own names); ``options`` go to
+        ``Conversation``."""
+        if "workspace" in options:
+            raise ValueError(
+                "the conversation works in its sandbox session's workspace: give files= "
+                "to copy a folder into it, not workspace="
+            )
         conversation_id = conversation_id or uuid.uuid4()
-        session_id = str(conversation_id)
+        session_id = session_id or str(conversation_id)
         workspace = self._call(self._open(session_id))
         started = time.monotonic()
         conversation: LocalConversation | None = None
@@ -74,7 +88,10 @@ class AgentmarsRuntime:
                 shutil.copytree(files, workspace, dirs_exist_ok=True)
             llm = self._gateway_llm(agent.llm)
             markers = SessionMarkers(session_id, llm.litellm_extra_body)
-            bind(SandboxSession(self.pool, self._loop, session_id, workspace, markers))
+            bind(
+                str(conversation_id),
+                SandboxSession(self.pool, self._loop, session_id, workspace, markers),
+            )
             served = agent.model_copy(update={"llm": llm, "tools": sandboxed_specs(agent.tools)})
             made = Conversation(
                 agent=served,
@@ -87,12 +104,10 @@ class AgentmarsRuntime:
             conversation = made
             yield conversation
         finally:
-            self._close(session_id, conversation, started)
+            self._close(str(conversation_id), session_id, conversation, started)
 
     def markers(self, conversation: LocalConversation) -> SessionMarkers:
         """The markers of a conversation made here (to say which tool comes next)."""
-        from agentmars.runtime.openhands.tools import session_of
-
         return session_of(conversation.state).markers
 
     def _gateway_llm(self, llm: LLM) -> LLM:
@@ -116,7 +131,11 @@ class AgentmarsRuntime:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
     def _close(
-        self, session_id: str, conversation: LocalConversation | None, started: float
+        self,
+        conversation_id: str,
+        session_id: str,
+        conversation: LocalConversation | None,
+        started: float,
     ) -> None:
         status, turns = "error", 0
         error: str | None = "the conversation could not start"
@@ -126,7 +145,7 @@ class AgentmarsRuntime:
             error = None if status == "ok" else f"the conversation ended {state.value}"
             turns = self.markers(conversation).turn
             conversation.close()
-        unbind(session_id)
+        unbind(conversation_id)
         # One that cannot be closed is unmounted when the pool closes.
         with contextlib.suppress(SandboxError):
             self._call(self.pool.close_session(session_id))

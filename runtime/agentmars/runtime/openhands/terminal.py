@@ -202,22 +202,24 @@ class SandboxTerminal(ToolExecutor[TerminalAction, TerminalObservation]):
         return running
 
     def _wait(self, running: _Running, timeout_s: float | None) -> TerminalObservation:
-        """The command's observation once it ends, or at its soft time limit."""
+        """The command's observation once it ends, or at its soft time limit: ``timeout_s``
+        from now, or without one, ``no_change_timeout_s`` without new output."""
         started = time.monotonic()
-        while True:
+
+        def left() -> float:
             if timeout_s is not None:
-                left = started + timeout_s - time.monotonic()
-            else:
-                left = (
-                    max(running.last_output, started) + self._no_change_timeout_s - time.monotonic()
-                )
+                return started + timeout_s - time.monotonic()
+            quiet_since = max(running.last_output, started)
+            return quiet_since + self._no_change_timeout_s - time.monotonic()
+
+        while (wait_s := left()) > 0:
             try:
-                result = running.future.result(timeout=max(left, 0.0))
+                return self._ended(running, running.future.result(timeout=wait_s))
             except concurrent.futures.TimeoutError:
-                if timeout_s is None and running.last_output > started and left > 0:
-                    continue
-                return self._still_running(running, timeout_s)
-            return self._ended(running, result)
+                continue  # new output moved the limit on, or it passed: ``left`` says
+        if running.future.done():
+            return self._ended(running, running.future.result())
+        return self._still_running(running, timeout_s)
 
     def _still_running(self, running: _Running, timeout_s: float | None) -> TerminalObservation:
         if timeout_s is not None:

@@ -39,14 +39,14 @@ _SESSIONS: dict[str, SandboxSession] = {}
 _SESSIONS_LOCK = threading.Lock()
 
 
-def bind(session: SandboxSession) -> None:
+def bind(conversation_id: str, session: SandboxSession) -> None:
     with _SESSIONS_LOCK:
-        _SESSIONS[session.session_id] = session
+        _SESSIONS[conversation_id] = session
 
 
-def unbind(session_id: str) -> None:
+def unbind(conversation_id: str) -> None:
     with _SESSIONS_LOCK:
-        _SESSIONS.pop(session_id, None)
+        _SESSIONS.pop(conversation_id, None)
 
 
 def session_of(conv_state: ConversationState) -> SandboxSession:

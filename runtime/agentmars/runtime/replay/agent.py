@@ -115,31 +115,18 @@ def prompt_ids(spec: SessionSpec, seed: int) -> list[list[int]]:
     return appends
 
 
-class ReplayAgents:
-    """Runs a workload's sessions against ``gateway`` (its ``/v1`` base is
-    ``gateway + "/v1"``), tools in ``pool``."""
+class WorkloadReplay:
+    """Runs a workload's sessions, each in a sandbox session of ``pool`` holding its
+    repository: open-loop, each at its arrival time, or closed-loop, ``concurrency`` at
+    a time. A subclass runs a session's agent (``_agent``); what it raises of
+    ``FAILURES`` fails that session only."""
 
-    def __init__(
-        self,
-        gateway: str,
-        pool: SandboxPool,
-        gateway_sink: HttpSink,
-        events: MemorySink,
-        options: ReplayOptions,
-    ) -> None:
+    FAILURES: tuple[type[Exception], ...] = (SandboxError, ReplayError)
+
+    def __init__(self, pool: SandboxPool, events: MemorySink, options: ReplayOptions) -> None:
         self._pool = pool
-        self._gateway_sink = gateway_sink
         self._events = events
         self._options = options
-        self._emitter = Emitter([events, _SessionEndsTo(gateway_sink)])
-        self._client = instrument_openai(
-            openai.AsyncOpenAI(
-                base_url=gateway.rstrip("/") + "/v1",
-                api_key="agentmars-replay",
-                timeout=CALL_TIMEOUT_S,
-                max_retries=0,
-            )
-        )
 
     async def run(
         self, workload: Workload, on_done: Callable[[SessionOutcome], None] | None = None
@@ -159,14 +146,15 @@ class ReplayAgents:
                 run.outcomes = await self._open_loop(sessions, run.start_ns, on_done)
         finally:
             for spec in sessions:
-                # One that cannot be closed is unmounted when the pool closes.
+                # One closed already or that cannot be closed is unmounted when the
+                # pool closes.
                 with contextlib.suppress(SandboxError):
                     await self._pool.close_session(spec.session_id)
         run.events = list(self._events.events)
         return run
 
     async def close(self) -> None:
-        await self._client.close()
+        """Release what the agents hold (nothing here)."""
 
     async def _open_loop(
         self,
@@ -200,29 +188,65 @@ class ReplayAgents:
         self, spec: SessionSpec, on_done: Callable[[SessionOutcome], None] | None
     ) -> SessionOutcome:
         outcome = SessionOutcome(spec.session_id, arrival_ns=time.monotonic_ns())
-        appends = prompt_ids(spec, self._options.seed)
         try:
-            async with sdk.session(
-                spec.session_id, agent=spec.agent, task_id=spec.task_id, emitter=self._emitter
-            ) as session:
-                context: list[int] = []
-                for index, turn in enumerate(spec.turns):
-                    prompt = [*context, *appends[index]]
-                    hints = sdk.hints(
-                        next_tool=turn.tool.kind if turn.tool is not None else None,
-                        expected_tool_s=turn.tool.wall_s if turn.tool is not None else None,
-                    )
-                    with hints:
-                        output = await self._call(prompt, turn.output_tokens)
-                    context = [*prompt, *output]
-                    if turn.tool is not None:
-                        await self._tool(session, spec, index)
-        except (openai.OpenAIError, SandboxError, ReplayError) as error:
+            await self._agent(spec)
+        except self.FAILURES as error:
             outcome.error = f"{spec.session_id}: {type(error).__name__}: {error}"
         outcome.end_ns = time.monotonic_ns()
         if on_done is not None:
             on_done(outcome)
         return outcome
+
+    async def _agent(self, spec: SessionSpec) -> None:
+        raise NotImplementedError
+
+
+class ReplayAgents(WorkloadReplay):
+    """Runs a workload's sessions against ``gateway`` (its ``/v1`` base is
+    ``gateway + "/v1"``), tools in ``pool``."""
+
+    FAILURES = (*WorkloadReplay.FAILURES, openai.OpenAIError)
+
+    def __init__(
+        self,
+        gateway: str,
+        pool: SandboxPool,
+        gateway_sink: HttpSink,
+        events: MemorySink,
+        options: ReplayOptions,
+    ) -> None:
+        super().__init__(pool, events, options)
+        self._gateway_sink = gateway_sink
+        self._emitter = Emitter([events, _SessionEndsTo(gateway_sink)])
+        self._client = instrument_openai(
+            openai.AsyncOpenAI(
+                base_url=gateway.rstrip("/") + "/v1",
+                api_key="agentmars-replay",
+                timeout=CALL_TIMEOUT_S,
+                max_retries=0,
+            )
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _agent(self, spec: SessionSpec) -> None:
+        appends = prompt_ids(spec, self._options.seed)
+        async with sdk.session(
+            spec.session_id, agent=spec.agent, task_id=spec.task_id, emitter=self._emitter
+        ) as session:
+            context: list[int] = []
+            for index, turn in enumerate(spec.turns):
+                prompt = [*context, *appends[index]]
+                hints = sdk.hints(
+                    next_tool=turn.tool.kind if turn.tool is not None else None,
+                    expected_tool_s=turn.tool.wall_s if turn.tool is not None else None,
+                )
+                with hints:
+                    output = await self._call(prompt, turn.output_tokens)
+                context = [*prompt, *output]
+                if turn.tool is not None:
+                    await self._tool(session, spec, index)
 
     async def _call(self, prompt: list[int], output_tokens: int) -> list[int]:
         """The output token ids of one streamed completion."""

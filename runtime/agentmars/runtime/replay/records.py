@@ -29,7 +29,7 @@ from agentmars.sdk.events import (
     ToolStart,
 )
 from agentmars.server.metrics.records import CallRecord, RunRecord, SessionRecord, ToolRecord
-from agentmars.server.workloads.model import Workload
+from agentmars.server.workloads.model import SessionSpec, Workload
 
 Clock = Callable[[int], float]
 """A monotonic time in ns -> seconds since the run's start."""
@@ -141,3 +141,39 @@ def _tools(events: list[Event], seconds: Clock) -> list[ToolRecord]:
                 )
             )
     return sorted(tools, key=lambda tool: tool.turn)
+
+
+AS_RUN_GROUP = "as-run"
+"""The prefix group of ``workload_as_run``'s sessions."""
+
+
+def workload_as_run(workload: Workload, record: RunRecord) -> Workload:
+    """``workload`` with each finished session's tokens as its calls had them on the
+    wire: turn ``k`` appends what its prompt holds beyond call ``k - 1``'s prompt and
+    output, and outputs what it generated. For agents whose prompts are their own
+    (OpenHands' system prompt, tool schemas and real observations) rather than the
+    workload's, so the simulator predicts the run that was made. Ours: the sessions'
+    first prompts share, as a prefix group, the tokens all of them start with at most
+    (an agent's system prompt and task are the same in every session); tools, arrivals
+    and unfinished sessions stay as the workload has them."""
+    finished = {session.session_id: session for session in record.sessions}
+    firsts = [s.calls[0].prompt_tokens for s in finished.values() if s.calls]
+    shared = min(firsts, default=0)
+    sessions = []
+    for spec in workload.sessions:
+        session = finished.get(spec.session_id)
+        if session is None or len(session.calls) != len(spec.turns):
+            sessions.append(spec)
+            continue
+        turns, context = [], 0
+        for call, turn in zip(session.calls, spec.turns, strict=True):
+            append, output = max(call.prompt_tokens - context, 1), max(call.output_tokens, 1)
+            turns.append({**turn.model_dump(), "append_tokens": append, "output_tokens": output})
+            context += append + output
+        prefix = min(shared, turns[0]["append_tokens"])
+        # Validated anew (not ``model_copy``): a spec caches its context lengths.
+        fields = {**spec.model_dump(), "turns": turns, "shared_prefix_tokens": prefix}
+        if prefix:
+            fields["prefix_group"] = AS_RUN_GROUP
+        sessions.append(SessionSpec.model_validate(fields))
+    return Workload.model_validate({**workload.model_dump(), "sessions": sessions})

@@ -30,6 +30,10 @@ def test_default_command_runs_the_module_with_fixed_kv_capacity() -> None:
         "512",
         "--kv-cache-memory-bytes",
         "1073741824",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "pythonic",
+        "--enable-prompt-tokens-details",
     ]
     assert server_env(config) == {}
 

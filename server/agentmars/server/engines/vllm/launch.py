@@ -96,6 +96,15 @@ def server_argv(config: VllmServerConfig) -> list[str]:
         str(config.num_blocks),
         "--kv-cache-memory-bytes",
         str(config.kv_cache_bytes),
+        # Agents offer tools (``tool_choice: auto``), which vLLM refuses without a
+        # parser. Ours: the pythonic parser needs no special tokens in the vocabulary
+        # (hermes' does), so it loads with any model, the tiny random one too.
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "pythonic",
+        # Each answer's usage then says how many prompt tokens the prefix cache held,
+        # which the gateway's ``llm_end`` events report (``cached_tokens``).
+        "--enable-prompt-tokens-details",
         *config.extra_args,
     ]
     if config.cores is not None:
