@@ -280,9 +280,10 @@ def _agents(
     options: ReplayOptions,
 ) -> WorkloadReplay:
     if kind == "openhands":
-        # OpenHands logs every conversation's creation and warns of each call's cost
-        # (the served model is not in LiteLLM's price list), through the progress bars.
-        os.environ.setdefault("LOG_LEVEL", "WARNING")
+        # OpenHands logs each conversation's creation (and that it keeps no files) and
+        # warns of each call's cost (the served model is not in LiteLLM's price list),
+        # through the progress bars.
+        os.environ.setdefault("LOG_LEVEL", "ERROR")
         warnings.filterwarnings("ignore", "Cost calculation failed", UserWarning)
         # Imported here: OpenHands (the ``openhands`` extra) takes seconds to import.
         from agentmars.runtime.openhands.replay import OpenHandsReplayAgents

@@ -18,11 +18,9 @@ import httpx
 import pytest
 
 pytest.importorskip("openhands.tools.terminal")
-# First: it keeps LiteLLM from fetching its cost map (a background thread) at import.
-from agentmars.runtime.openhands import AgentmarsRuntime  # noqa: I001
-
 from openhands.sdk import Agent, Tool
 
+from agentmars.runtime.openhands import AgentmarsRuntime
 from agentmars.runtime.openhands.scripted import ScriptedLLM, script_of
 from agentmars.runtime.replay.repository import write_repository
 from agentmars.sandbox.config import SandboxConfig

@@ -19,14 +19,16 @@ from typing import Any
 import pytest
 
 pytest.importorskip("openhands.tools.terminal")
-# First: it keeps LiteLLM from fetching its cost map (a background thread) at import.
-from agentmars.runtime.openhands import AgentmarsRuntime  # noqa: I001
-
 from openhands.sdk import Agent, Tool
 from openhands.sdk.event import ObservationEvent
 from openhands.sdk.llm import Message, MessageToolCall, TextContent
 from openhands.sdk.testing import TestLLM
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from agentmars.runtime.openhands import AgentmarsRuntime
 from agentmars.sandbox.config import SandboxConfig, allowed_cores
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sdk.emitter import Emitter
@@ -205,3 +207,42 @@ async def test_misuse_is_refused_with_a_message(pool: tuple[SandboxPool, MemoryS
         pass
     with pytest.raises(RuntimeError, match="inside the event loop"):
         await asyncio.to_thread(AgentmarsRuntime, "http://127.0.0.1:9", sandbox)
+
+
+async def test_tool_spans_join_the_trace_of_the_conversation(
+    pool: tuple[SandboxPool, MemorySink],
+) -> None:
+    """OpenHands runs tools in worker threads with the caller's context copied: the
+    runtime's tool spans are children of the span current where the conversation runs
+    (OpenHands' own tool span when its tracing is on)."""
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    sandbox, _ = pool
+    llm = _script(("terminal", {"command": "true"}), ("terminal", {"command": "false"}))
+    runtime = AgentmarsRuntime("http://127.0.0.1:9", sandbox)
+    conversation_id = uuid.uuid4()
+
+    def run() -> None:
+        with (
+            trace.get_tracer("test").start_as_current_span("agent run"),
+            runtime.conversation(
+                Agent(llm=llm, tools=TOOLS), conversation_id=conversation_id, visualizer=None
+            ) as conversation,
+        ):
+            conversation.send_message("work")
+            conversation.run()
+
+    await asyncio.to_thread(run)
+    spans = exporter.get_finished_spans()
+    (root,) = [span for span in spans if span.name == "agent run"]
+    tools = [span for span in spans if span.name == "execute_tool terminal"]
+    assert len(tools) == 2
+    for span in tools:
+        assert span.context.trace_id == root.context.trace_id
+        assert span.attributes is not None
+        assert span.attributes["gen_ai.conversation.id"] == str(conversation_id)
+        assert span.attributes["gen_ai.tool.call.id"] in {"terminal-1", "terminal-2"}

@@ -65,14 +65,15 @@ class SandboxSession:
         return 0
 
     @contextlib.contextmanager
-    def span(self, tool: str, call_id: str) -> Iterator[trace.Span]:
+    def span(self, tool: str, call_id: str | None = None) -> Iterator[trace.Span]:
         """A span of the tool call under the current one (OpenHands' tool span, when
         its tracing is on): the pool's part joins the SDK's trace."""
         attributes = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": tool,
-            "gen_ai.tool.call.id": call_id,
             "gen_ai.conversation.id": self.session_id,
         }
+        if call_id is not None:
+            attributes["gen_ai.tool.call.id"] = call_id
         with _TRACER.start_as_current_span(f"execute_tool {tool}", attributes=attributes) as span:
             yield span

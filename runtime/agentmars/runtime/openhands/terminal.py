@@ -101,10 +101,11 @@ class SandboxTerminal(ToolExecutor[TerminalAction, TerminalObservation]):
     def __call__(
         self, action: TerminalAction, conversation: LocalConversation | None = None
     ) -> TerminalObservation:
-        with self._lock:
-            if action.reset:
-                return self._reset_then(action)
-            return self._execute(action)
+        with self._lock, self._session.span(TOOL) as span:
+            observation = self._reset_then(action) if action.reset else self._execute(action)
+            # The command the action started, waited for or stopped.
+            span.set_attribute("gen_ai.tool.call.id", f"{TOOL}-{self._calls}")
+            return observation
 
     def interrupt(self) -> None:
         running = self._running
