@@ -37,7 +37,8 @@ COMMANDS = [
 ]
 
 
-def _call(index: int, tool: str, arguments: dict[str, Any]) -> Message:
+def scripted_call(index: int, tool: str, arguments: dict[str, Any]) -> Message:
+    """An assistant message calling ``tool`` (a step of a ``TestLLM`` script)."""
     call = MessageToolCall(
         id=f"call-{index}", name=tool, arguments=json.dumps(arguments), origin="completion"
     )
@@ -48,8 +49,8 @@ async def main(root: Path) -> None:
     events = MemorySink()
     core = allowed_cores()[-1]
     config = SandboxConfig(workspace_root=root, tool_cores=[core], engine_cores=[], slots=1)
-    steps = [_call(i, "terminal", {"command": c}) for i, c in enumerate(COMMANDS)]
-    llm = TestLLM.from_messages([*steps, _call(9, "finish", {"message": "done"})])
+    steps = [scripted_call(i, "terminal", {"command": c}) for i, c in enumerate(COMMANDS)]
+    llm = TestLLM.from_messages([*steps, scripted_call(9, "finish", {"message": "done"})])
     observations: list[dict[str, Any]] = []
 
     def collect(event: Any) -> None:

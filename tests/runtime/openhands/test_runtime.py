@@ -8,7 +8,6 @@ of the conversation's session."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 import uuid
@@ -21,7 +20,6 @@ import pytest
 pytest.importorskip("openhands.tools.terminal")
 from openhands.sdk import Agent, Tool
 from openhands.sdk.event import ObservationEvent
-from openhands.sdk.llm import Message, MessageToolCall, TextContent
 from openhands.sdk.testing import TestLLM
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -34,6 +32,7 @@ from agentmars.sandbox.pool import SandboxPool
 from agentmars.sdk.emitter import Emitter
 from agentmars.sdk.events import SessionEnd, ToolEnd, ToolEnqueue, ToolStart
 from agentmars.sdk.sinks.memory import MemorySink
+from tests.runtime.openhands.app_conversation import scripted_call
 
 TOOL_CORE = allowed_cores()[-1]
 TOOLS = [Tool(name="terminal"), Tool(name="file_editor"), Tool(name="task_tracker")]
@@ -49,16 +48,9 @@ async def pool(tmp_path: Path) -> AsyncIterator[tuple[SandboxPool, MemorySink]]:
         yield started, events
 
 
-def _call(index: int, tool: str, **arguments: Any) -> Message:
-    call = MessageToolCall(
-        id=f"call-{index}", name=tool, arguments=json.dumps(arguments), origin="completion"
-    )
-    return Message(role="assistant", content=[TextContent(text="")], tool_calls=[call])
-
-
 def _script(*calls: tuple[str, dict[str, Any]]) -> TestLLM:
-    steps = [_call(i, tool, **arguments) for i, (tool, arguments) in enumerate(calls)]
-    return TestLLM.from_messages([*steps, _call(len(calls), "finish", message="done")])
+    steps = [scripted_call(i, tool, arguments) for i, (tool, arguments) in enumerate(calls)]
+    return TestLLM.from_messages([*steps, scripted_call(len(calls), "finish", {"message": "done"})])
 
 
 async def _converse(

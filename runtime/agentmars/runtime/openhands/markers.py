@@ -35,7 +35,9 @@ class SessionMarkers:
         self.turn = 0
         self.follows_tool = False
         self._next_tool: str | None = None
-        self._answers: set[str] = set()
+        self._answer: str | None = None
+        """The latest answer's ``llm_response_id``: its tool calls' events come
+        one after another, so only a new id starts a turn."""
         self._caller_xargs = dict(body.get("vllm_xargs") or {})
         self._lock = threading.Lock()
         self._write()
@@ -56,9 +58,8 @@ class SessionMarkers:
         with self._lock:
             if isinstance(event, ActionEvent | MessageEvent) and event.source == "agent":
                 answer = event.llm_response_id
-                if answer is None or answer not in self._answers:
-                    if answer is not None:
-                        self._answers.add(answer)
+                if answer is None or answer != self._answer:
+                    self._answer = answer
                     self.turn += 1
                     self.follows_tool = False
                     self._next_tool = None
