@@ -64,6 +64,11 @@ def test_replay_on_the_twin_measures_each_policy_and_its_prediction(tmp_path: Pa
     assert {s.engine for s in measured} == {"twin:cpu-tiny"}
     assert (out / "index.html").is_file() and (out / "latency_vs_load.png").is_file()
     assert "mars against the others" in done.stdout and "prediction" in done.stdout
+    # The engine's own TTFT (its histogram) is part of the agents' one, not more.
+    for run in measured:
+        engine_ttft = result.config["engine_ttft_mean_s"][run.policy]
+        assert run.ttft_s is not None and 0 < engine_ttft <= run.ttft_s.mean, run.policy
+    assert "(agents) /" in done.stdout
 
 
 @pytest.mark.slow

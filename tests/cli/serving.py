@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,14 +30,15 @@ class Twin:
 
 
 @contextlib.contextmanager
-def served_twin() -> Iterator[Twin]:
+def served_twin(env: Mapping[str, str] | None = None) -> Iterator[Twin]:
     """``agentmars serve --engine sim --profile cpu-tiny`` on a free loopback port, as a
-    user starts it; stopped (SIGTERM) and checked to exit cleanly after."""
+    user starts it (``env``: variables on top of this process's); stopped (SIGTERM) and
+    checked to exit cleanly after."""
     port = free_loopback_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "agentmars.cli.main", "serve", "--engine", "sim",
          "--profile", "cpu-tiny", "--port", str(port)],
-        env={**os.environ, "AGENTMARS_GATEWAY_TOKEN": TWIN_TOKEN},
+        env={**os.environ, "AGENTMARS_GATEWAY_TOKEN": TWIN_TOKEN, **(env or {})},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"

@@ -39,13 +39,14 @@ def _start(python: Path, port: int, log: Path) -> subprocess.Popen[str]:
 
 
 def _kv_metrics(base: str) -> dict[str, float]:
-    """The gateway's KV samples, by name (with the release reason, if any, after a /)."""
+    """The gateway's KV samples, by name (with the state or release reason, if any,
+    after a /)."""
     samples = {}
     for family in text_string_to_metric_families(httpx.get(base + "/metrics").text):
         for sample in family.samples:
             if sample.name.startswith("agentmars_kv_"):
-                reason = sample.labels.get("reason")
-                samples[f"{sample.name}/{reason}" if reason else sample.name] = sample.value
+                label = sample.labels.get("state") or sample.labels.get("reason")
+                samples[f"{sample.name}/{label}" if label else sample.name] = sample.value
     return samples
 
 
@@ -56,12 +57,22 @@ def _eventually(check: Callable[[dict[str, float]], bool], base: str) -> dict[st
     return figures
 
 
+def _check_engine_series(base: str) -> None:
+    """vLLM's own series come through the gateway's /metrics, after the gateway's."""
+    text = httpx.get(base + "/metrics", timeout=10).text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    assert families["vllm:e2e_request_latency_seconds"].type == "histogram"
+    (up,) = families["agentmars_engine_metrics_up"].samples
+    assert (up.value, up.labels["model_name"]) == (1, SERVED_MODEL_NAME)
+
+
 def _check_side_channel(base: str) -> None:
     """The plugin's KV figures reach the gateway's /metrics, and a session end posted to
     the gateway reaches the plugin and releases the session's pin (continuum pinned it)."""
-    figures = _eventually(lambda f: f["agentmars_kv_pins"] == 1, base)
-    assert figures["agentmars_kv_total_blocks"] == 63  # 64 less vLLM's null block
-    assert figures["agentmars_kv_pinned_blocks"] >= 1
+    figures = _eventually(lambda f: f.get("agentmars_kv_pinned_sessions") == 1, base)
+    pool = sum(figures[f"agentmars_kv_blocks/{state}"] for state in ("free", "used", "pinned"))
+    assert pool == 63  # 64 less vLLM's null block
+    assert figures["agentmars_kv_blocks/pinned"] >= 1
     end = SessionEnd(session_id="s1", turns=1).to_json()
     token = {"authorization": "Bearer test-token"}
     assert httpx.post(base + "/v1/events", content=end, headers=token).status_code == 200
@@ -108,6 +119,7 @@ def test_serve_answers_through_the_gateway_and_stops_cleanly(
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] == 4
         assert httpx.post(base + "/v1/events", json=[], timeout=5).status_code == 401
+        _check_engine_series(base)
         _check_side_channel(base)
     finally:
         process.send_signal(signal.SIGTERM)

@@ -30,18 +30,18 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _metric(base: str, name: str) -> float:
+def _metric(base: str, name: str, **labels: str) -> float:
     text = httpx.get(base + "/metrics", timeout=5).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name:
+            if sample.name == name and labels.items() <= sample.labels.items():
                 return sample.value
-    raise AssertionError(f"no {name} in {base}/metrics")
+    raise AssertionError(f"no {name} {labels} in {base}/metrics")
 
 
-def _wait_until(base: str, name: str, value: float) -> None:
+def _wait_until(base: str, name: str, value: float, **labels: str) -> None:
     deadline = time.monotonic() + 5
-    while (seen := _metric(base, name)) != value:
+    while (seen := _metric(base, name, **labels)) != value:
         assert time.monotonic() < deadline, f"{name} is {seen}, not {value}"
         time.sleep(0.05)
 
@@ -89,24 +89,29 @@ def test_serve_sim_answers_through_the_gateway_and_stops_cleanly() -> None:
             "lorem ipsum dolor "
         )
         # The gateway reads the engine's block pool directly (64 blocks, as asked).
-        assert _metric(base, "agentmars_kv_total_blocks") == 64
+        pool = [_metric(base, "agentmars_kv_blocks", state=s) for s in ("free", "used", "pinned")]
+        assert sum(pool) == 64
+        # The engine's series come through the gateway's /metrics too.
+        assert _metric(base, "vllm:num_requests_running", model_name="cpu-tiny") == 0
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="other", prompt="hi", max_tokens=1)
         assert httpx.post(base + "/v1/events", json=[], timeout=5).status_code == 401
         # A client leaving mid-stream: the gateway closes the engine's stream, the engine
         # aborts the call and frees its blocks (the engine's URL is on the first line).
         engine = _engine_url(process)
+        assert process.stdout is not None  # the next line: where the dashboard is
+        assert f"dashboard on {base}/dashboard#token=" in process.stdout.readline()
         body = {"model": "cpu-tiny", "prompt": "q" * 4000, "max_tokens": 2000, "stream": True}
         with httpx.stream("POST", base + "/v1/completions", json=body, headers=session):
             pass
         _wait_until(engine, "agentmars_sim_requests_aborted_total", 1.0)
-        _wait_until(engine, "agentmars_sim_kv_free_blocks", 64.0)
+        _wait_until(engine, "agentmars_sim_kv_blocks", 64.0, state="free")
         # Tool events posted to the gateway reach the engine's view (and its policy).
         tool = ToolStart(session_id="s1", call_id="t1", tool="pytest", source="sandbox")
         _post_events(base, [tool])
-        _wait_until(engine, "agentmars_sim_active_tools", 1.0)
+        _wait_until(engine, "agentmars_sim_tool_calls", 1.0, state="running")
         _post_events(base, [ToolEnd(session_id="s1", call_id="t1", tool="pytest", duration_s=1)])
-        _wait_until(engine, "agentmars_sim_active_tools", 0.0)
+        _wait_until(engine, "agentmars_sim_tool_calls", 0.0, state="running")
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)

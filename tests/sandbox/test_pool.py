@@ -104,6 +104,7 @@ async def test_events_describe_each_call(pool: SandboxPool, events: MemorySink) 
     assert pool.pressure.exec_ema_s["terminal"] == pytest.approx(end.duration_s)
     last = [e for e in events.events if isinstance(e, ToolStats)][-1]
     assert (last.active, last.queued) == (0, 0) and "terminal" in last.exec_ema_s
+    assert last.cores == len(pool.config.resolved_tool_cores()) > 0
 
 
 async def test_exec_time_ema_weights_new_samples_by_alpha(make_pool: MakePool) -> None:

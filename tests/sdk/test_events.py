@@ -20,7 +20,9 @@ from agentmars.sdk.events import (
     SCHEMA_VERSION,
     Event,
     EventError,
+    KVPin,
     KVStats,
+    KVUnpin,
     LLMEnd,
     LLMFirstToken,
     LLMSubmit,
@@ -118,6 +120,8 @@ def realistic_events() -> list[Event]:
             cpu_free_blocks=8000,
             steps=1234,
         ),
+        KVPin(session_id=SID, source="engine", blocks=121, ttl_s=30.0),
+        KVUnpin(session_id=SID, source="engine", blocks=121, reason="next_call", held_s=4.5),
         SessionEnd(
             session_id=SID,
             status="error",
@@ -144,6 +148,8 @@ def minimal_events() -> list[Event]:
         ToolStats(active=0),
         WindowUpdate(window=0, previous=0),
         KVStats(total_blocks=0, free_blocks=0, used_blocks=0),
+        KVPin(session_id=SID, blocks=0),
+        KVUnpin(session_id=SID, blocks=0, reason="shutdown"),
     ]
 
 
@@ -154,7 +160,7 @@ def test_samples_cover_every_event_kind() -> None:
     # A new kind added to the schema must get a sample here to be round-trip tested.
     assert {e.kind for e in realistic_events()} == set(EVENT_KINDS)
     assert {e.kind for e in minimal_events()} == set(EVENT_KINDS)
-    assert len(EVENT_KINDS) == len(set(EVENT_KINDS)) == 13
+    assert len(EVENT_KINDS) == len(set(EVENT_KINDS)) == 15
 
 
 @pytest.mark.parametrize("event", ALL_EVENTS, ids=lambda e: e.kind)
@@ -298,6 +304,11 @@ MALFORMED: list[tuple[str, Any, list[str]]] = [
     ("negative-turn", llm_end(turn=-1), ["turn", GE0]),
     ("negative-mono-ns", llm_end(mono_ns=-1), ["mono_ns", GE0]),
     ("negative-duration", llm_end(duration_s=-0.5), ["duration_s", GE0]),
+    (
+        "unknown-release-reason",
+        {"v": 1, "kind": "kv_unpin", "session_id": SID, "blocks": 1, "reason": "whim"},
+        ["kv_unpin", "reason", "next_call"],
+    ),
     ("extra-field", llm_end(temperature=0.7), ["temperature", "Extra inputs are not permitted"]),
     ("wrong-type-count", llm_end(prompt_tokens="many"), ["prompt_tokens", "integer"]),
     ("numeric-string-count", llm_end(prompt_tokens="12"), ["prompt_tokens", "integer"]),

@@ -142,6 +142,10 @@ class PolicyRun:
     failed: list[str] = field(default_factory=list)
     startup_s: float = 0.0
     replay_s: float = 0.0
+    engine_ttft_s: float | None = None
+    """Mean time to first token as the engine measured it (vLLM's histogram, which the
+    twin keeps too): the agents' TTFT less this is what the calls spent outside the
+    engine (the agents' process, the gateway, the wire)."""
 
 
 Progress = Callable[[str, SessionOutcome], None]
@@ -218,7 +222,14 @@ def run_policy(
         failed=[outcome.error for outcome in run.failed if outcome.error is not None],
         startup_s=stack.startup_s,
         replay_s=replay_s,
+        engine_ttft_s=_mean_of(after, before, "time_to_first_token_seconds"),
     )
+
+
+def _mean_of(after: dict[str, float], before: dict[str, float], histogram: str) -> float | None:
+    """The mean of an engine histogram's observations between two reads."""
+    count = after[histogram + "_count"] - before[histogram + "_count"]
+    return (after[histogram + "_sum"] - before[histogram + "_sum"]) / count if count else None
 
 
 def _labels(engine: EngineShape, sandbox: SandboxShape, policy: str) -> RunLabels:
@@ -362,6 +373,7 @@ def run_all(
         "agent_cores": engine.agent_cores,
         "tool_slots": sandbox.tool_slots,
         "failed": {run.policy: run.failed for run in runs if run.failed},
+        "engine_ttft_mean_s": {run.policy: run.engine_ttft_s for run in runs},
     }
     # Through JSON: tuples become lists, as results.json holds them.
     described = json.loads(json.dumps(config))
@@ -399,11 +411,24 @@ def publish_output(output: ReplayOutput, out: Path) -> Path:
         "The simulator's prediction of each policy's mean latency, against the measured: "
         + ", ".join(f"{policy} {error:+.0%}" for policy, error in errors.items())
     )
+    console.print(ttft_sides(output))
     for run in output.runs:
         for failure in run.failed:
             console.print(f"[red]failed[/red] {run.policy}: {failure}")
     console.print(f"Report: {index} (results.json beside it)")
     return index
+
+
+def ttft_sides(output: ReplayOutput) -> str:
+    """Each policy's mean TTFT as the agents saw it and as the engine measured it."""
+    measured = {s.policy: s for s in output.summaries()}
+    sides = []
+    for run in output.runs:
+        ttft = measured[run.policy].ttft_s
+        agents = "-" if ttft is None else f"{ttft.mean:.2f} s"
+        engine = "-" if run.engine_ttft_s is None else f"{run.engine_ttft_s:.2f} s"
+        sides.append(f"{run.policy} {agents} (agents) / {engine} (engine)")
+    return "Mean time to first token: " + ", ".join(sides)
 
 
 def comparison_table(output: ReplayOutput) -> Table:

@@ -527,10 +527,20 @@ def _engine_url(serve_log: Path) -> str:
     return match.group(1).rstrip(",")
 
 
+ENGINE_COUNTERS = (
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "num_preemptions",
+    # the engine's own time to first token (arrival at its API server to the first
+    # token), beside the agents' one: where a call's wait was spent
+    "time_to_first_token_seconds_sum",
+    "time_to_first_token_seconds_count",
+)
+
+
 def _counters(engine_url: str) -> dict[str, float]:
     text = httpx.get(engine_url + "/metrics", timeout=10.0).text
-    names = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
-    return {name: metric_total(text, f"vllm:{name}") for name in names}
+    return {name: metric_total(text, f"vllm:{name}") for name in ENGINE_COUNTERS}
 
 
 LOAD_GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")

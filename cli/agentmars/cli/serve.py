@@ -17,6 +17,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentmars.sdk.otlp import traces_endpoint_from_env
 from agentmars.server.engines.vllm.launch import (
     CPU_BLOCK_SIZE,
     VllmServerConfig,
@@ -74,6 +75,15 @@ class ServeOptions:
             raise ServeError(str(error)) from None
 
 
+def announce(host: str, port: int, engine: str) -> None:
+    """The gateway's address (first line: scripts read it) and its dashboard's."""
+    print(f"agentmars: gateway on http://{host}:{port}, {engine}", flush=True)
+    print(
+        f"agentmars: dashboard on http://{host}:{port}/dashboard#token=<the gateway token>",
+        flush=True,
+    )
+
+
 def stop_on_sigterm() -> None:
     """SIGTERM raises like SIGINT does, so the context managers stop vLLM's group
     even while it is still starting (uvicorn handles both itself once it serves)."""
@@ -105,6 +115,7 @@ def serve(options: ServeOptions) -> int:
         max_model_len=options.max_model_len,
         num_blocks=options.num_blocks,
         cores=options.cores,
+        otlp_traces_endpoint=traces_endpoint_from_env(),
         extra_args=("--scheduler-cls", PLUGIN_CLASS, *options.vllm_args),
     )
     try:
@@ -121,10 +132,7 @@ def serve(options: ServeOptions) -> int:
                 plugin_hints_address=f"ipc://{sockets}/hints",
             )
             app = create_gateway_app(gateway)
-            print(
-                f"agentmars: gateway on http://{options.host}:{options.port}, engine {engine_url}",
-                flush=True,
-            )
+            announce(options.host, options.port, f"engine {engine_url}")
             run_gateway(app, options.host, options.port)
     except KeyboardInterrupt:
         pass

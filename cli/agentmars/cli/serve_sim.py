@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentmars.cli.serve import stop_on_sigterm
+from agentmars.cli.serve import announce, stop_on_sigterm
 from agentmars.server.engines.twin.app import create_live_app
 from agentmars.server.engines.twin.engine import LiveEngine, LiveError
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app, run_gateway
@@ -103,10 +103,10 @@ def serve_sim(options: SimServeOptions) -> int:
             except PolicyRefused as exc:
                 raise SimServeError(str(exc)) from None
             app.state.gateway.hub.subscribe(engine.observe_threadsafe)
-            print(
-                f"agentmars: gateway on http://{options.host}:{options.port}, simulated "
-                f"engine ({engine.profile.name}, policy {options.policy}) {engine_url}",
-                flush=True,
+            announce(
+                options.host,
+                options.port,
+                f"simulated engine ({engine.profile.name}, policy {options.policy}) {engine_url}",
             )
             run_gateway(app, options.host, options.port)
     except KeyboardInterrupt:

@@ -1,4 +1,9 @@
-"""Python client of the sandbox service (``agentmars sandbox serve``)."""
+"""Python client of the sandbox service (``agentmars sandbox serve``).
+
+A call carries the W3C trace context of its session (``traceparent``): its tool call's
+or its session's span when the current agentmars session's emitter traces it (an
+``OTelSink``), else the current OpenTelemetry span's; the service's span of the call
+is its child."""
 
 from __future__ import annotations
 
@@ -8,9 +13,11 @@ from types import TracebackType
 from typing import Any, Self
 
 import httpx
+from opentelemetry import propagate
 
 from agentmars.sandbox.spec import ExecResult, ExecSpec, SandboxError
 from agentmars.sdk.auth import check_token
+from agentmars.sdk.session import current_session
 
 StreamCallback = Callable[[str, str], None]
 """Receives (stream name, text chunk) while a streamed call runs."""
@@ -99,7 +106,11 @@ class SandboxClient:
     ) -> ExecResult:
         body = self._exec_body(spec, tool, priority, call_id, turn, stream=False)
         response = self._request(
-            "POST", f"/v1/sessions/{session_id}/exec", json=body, timeout=self._call_timeout(spec)
+            "POST",
+            f"/v1/sessions/{session_id}/exec",
+            json=body,
+            headers=_trace_headers(session_id, call_id),
+            timeout=self._call_timeout(spec),
         )
         return ExecResult.model_validate(response.json())
 
@@ -116,8 +127,10 @@ class SandboxClient:
     ) -> ExecResult:
         body = self._exec_body(spec, tool, priority, call_id, turn, stream=True)
         path = f"/v1/sessions/{session_id}/exec"
+        headers = _trace_headers(session_id, call_id)
+        timeout = self._call_timeout(spec)
         try:
-            with self._http.stream("POST", path, json=body, timeout=self._call_timeout(spec)) as r:
+            with self._http.stream("POST", path, json=body, headers=headers, timeout=timeout) as r:
                 if r.status_code >= 400:
                     r.read()
                     raise SandboxClientError(_detail(r), r.status_code)
@@ -151,6 +164,20 @@ class SandboxClient:
             **{k: v for k, v in extra.items() if v is not None},
             "stream": stream,
         }
+
+
+def _trace_headers(session_id: str, call_id: str | None) -> dict[str, str]:
+    """The trace context a call of ``session_id`` carries (module docstring)."""
+    session = current_session()
+    if session is not None and session.session_id == session_id:
+        headers = session.emitter.trace_headers(session_id, call_id)
+    else:
+        headers = {}
+    if headers:
+        return headers
+    current: dict[str, str] = {}
+    propagate.inject(current)
+    return current
 
 
 def _read_stream(lines: Iterator[str], on_output: StreamCallback) -> ExecResult:

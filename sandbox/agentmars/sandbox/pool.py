@@ -4,7 +4,8 @@ The pool owns the policy-free mechanics of running tools on the host: a call
 is enqueued (``tool_enqueue``), waits for a slot by priority, runs in its
 slot's sandbox pinned to the slot's cores (``tool_start``, ``tool_end``), and
 every change of the active / queued counts is published as ``tool_stats``.
-Which backend runs the command (bubblewrap or docker) does not matter here.
+Which backend runs the command (bubblewrap or docker) does not matter here. Each call
+is also a span in its session's trace (``tracing``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self, TypedDict, TypeVar
 
+from opentelemetry.context import Context
+
 from agentmars.sandbox.admission import Admission, check_priority
 from agentmars.sandbox.backends.base import Backend, Job, OutputCallback, Slot
 from agentmars.sandbox.backends.registry import backend_for
@@ -32,6 +35,7 @@ from agentmars.sandbox.spec import (
     UnknownSession,
     check_session_id,
 )
+from agentmars.sandbox.tracing import PoolTracing, ToolSpan
 from agentmars.sandbox.workspaces import WorkspaceError, Workspaces, resolve_cwd
 from agentmars.sdk.emitter import Emitter, default_emitter
 from agentmars.sdk.events import (
@@ -43,6 +47,7 @@ from agentmars.sdk.events import (
     clock,
     new_id,
 )
+from agentmars.sdk.sinks.otel import parent_context
 from agentmars.sdk.tool_stats import ToolDurations
 
 log = logging.getLogger("agentmars.sandbox")
@@ -90,7 +95,8 @@ class SandboxPool:
     """Runs tool commands for sessions in isolated, CPU-pinned slots.
 
     Use as ``async with SandboxPool(config) as pool``; ``pool.warnings`` lists the
-    isolation the backend could not provide on this host.
+    isolation the backend could not provide on this host. ``tracing``: where the
+    calls' spans go (default: the global OpenTelemetry providers).
     """
 
     def __init__(
@@ -99,14 +105,17 @@ class SandboxPool:
         *,
         emitter: Emitter | None = None,
         backend: Backend | None = None,
+        tracing: PoolTracing | None = None,
     ) -> None:
         self.config = config or SandboxConfig()
         self.emitter = emitter or default_emitter()
+        self.tracing = tracing or PoolTracing()
         self.backend = backend or backend_for(self.config.backend)
         self.slots = [
             Slot(i, tuple(self.config.slot_cores(i))) for i in range(self.config.resolved_slots())
         ]
         self.pressure = ToolPressure(ToolDurations(weight=self.config.exec_ema_alpha))
+        self.tool_cores = len(self.config.resolved_tool_cores())
         self.warnings: list[str] = []
         self._admission = Admission(len(self.slots))
         self._workspaces = Workspaces(self.config.workspace_root, self.config.workspace_quota_mb)
@@ -230,17 +239,19 @@ class SandboxPool:
         call_id: str | None = None,
         turn: int | None = None,
         on_output: OutputCallback | None = None,
+        trace_parent: Context | None = None,
     ) -> ExecResult:
         """Run ``spec`` in the session's sandbox once a slot is free; the result says
         how it ended (a timeout or a kill is a result, not an exception). Raises
-        ``SandboxError`` for bad input, an unknown session or a closed pool."""
+        ``SandboxError`` for bad input, an unknown session or a closed pool.
+        ``trace_parent``: the context the call's span is a child of (``tracing``)."""
         job, call_id = self._prepare(session_id, spec, tool, priority, call_id)
 
         async def execute(slot: Slot, cancel: asyncio.Event) -> ExecResult:
             return await self.backend.execute(slot, job, cancel=cancel, on_output=on_output)
 
         ids = _CallIds(session_id=session_id, call_id=call_id, turn=turn, tool=tool)
-        return await self._run_registered(ids, priority, execute)
+        return await self._run_registered(ids, priority, execute, trace_parent)
 
     async def run_in_process(
         self,
@@ -251,6 +262,7 @@ class SandboxPool:
         priority: int = 0,
         call_id: str | None = None,
         turn: int | None = None,
+        trace_parent: Context | None = None,
     ) -> T:
         """Run ``function`` in a worker thread of this process under the pool's
         admission, as a sandboxed call is run: enqueued by priority, started when a
@@ -283,14 +295,16 @@ class SandboxPool:
             )
 
         ids = _CallIds(session_id=session_id, call_id=call_id, turn=turn, tool=tool)
-        result = await self._run_registered(ids, priority, execute)
+        result = await self._run_registered(ids, priority, execute, trace_parent)
         if raised:
             raise raised[0]
         if not returned:
             raise SandboxError(f"{tool} call {call_id!r}: {result.detail}")
         return returned[0]
 
-    async def _run_registered(self, ids: _CallIds, priority: int, execute: _Execute) -> ExecResult:
+    async def _run_registered(
+        self, ids: _CallIds, priority: int, execute: _Execute, trace_parent: Context | None
+    ) -> ExecResult:
         """Run a prepared call, known to ``interrupt`` and ``close_session`` meanwhile."""
         key = (ids["session_id"], ids["call_id"])
         if key in self._running:
@@ -298,8 +312,10 @@ class SandboxPool:
                 f"call {ids['call_id']!r} of session {ids['session_id']!r} is already running"
             )
         call = self._running[key] = _Call()
+        if trace_parent is None:
+            trace_parent = parent_context(self.emitter, ids["session_id"], ids["call_id"])
         try:
-            return await self._run_admitted(ids, priority, call.cancel, execute)
+            return await self._run_admitted(ids, priority, call.cancel, execute, trace_parent)
         finally:
             del self._running[key]
             call.done.set()
@@ -332,10 +348,18 @@ class SandboxPool:
         return job, call_id or new_id()[:16]
 
     async def _run_admitted(
-        self, ids: _CallIds, priority: int, cancel: asyncio.Event, execute: _Execute
+        self,
+        ids: _CallIds,
+        priority: int,
+        cancel: asyncio.Event,
+        execute: _Execute,
+        trace_parent: Context,
     ) -> ExecResult:
         enqueued = clock()
         self._emit(ToolEnqueue(**ids, **enqueued, priority=priority, source="sandbox"))
+        span = self.tracing.enqueued(
+            **ids, priority=priority, parent=trace_parent, start_ns=enqueued["wall_ns"]
+        )
         self.pressure.queued += 1
         self._publish_pressure()
         try:
@@ -343,10 +367,11 @@ class SandboxPool:
         finally:
             self.pressure.queued -= 1
         if slot_index is None:
-            return self._cancelled_in_queue(ids, enqueued["mono_ns"])
+            return self._cancelled_in_queue(ids, enqueued["mono_ns"], span)
         started = clock()
         queue_wait_s = (started["mono_ns"] - enqueued["mono_ns"]) / 1e9
         self._emit(ToolStart(**ids, **started, queue_wait_s=queue_wait_s, source="sandbox"))
+        span.started(self.slots[slot_index], self.backend.name, queue_wait_s)
         self.pressure.active += 1
         self._publish_pressure()
         result: ExecResult | None = None
@@ -357,7 +382,7 @@ class SandboxPool:
         finally:
             self._admission.release(slot_index)
             self.pressure.active -= 1
-            self._finish(ids, started["mono_ns"], result)
+            self._finish(ids, started["mono_ns"], result, span)
 
     async def _acquire_unless_cancelled(self, priority: int, cancel: asyncio.Event) -> int | None:
         free = None if cancel.is_set() else self._admission.try_acquire()
@@ -380,7 +405,7 @@ class SandboxPool:
             return None
         return slot
 
-    def _cancelled_in_queue(self, ids: _CallIds, enqueued_ns: int) -> ExecResult:
+    def _cancelled_in_queue(self, ids: _CallIds, enqueued_ns: int, span: ToolSpan) -> ExecResult:
         ended = clock()
         waited_s = (ended["mono_ns"] - enqueued_ns) / 1e9
         detail = "interrupted while waiting for a slot"
@@ -394,7 +419,7 @@ class SandboxPool:
             )
         )
         self._publish_pressure()
-        return ExecResult(
+        result = ExecResult(
             status="cancelled",
             exit_status=None,
             stdout="",
@@ -404,8 +429,12 @@ class SandboxPool:
             backend=self.backend.name,
             detail=detail,
         )
+        span.ended(result, ended["wall_ns"])
+        return result
 
-    def _finish(self, ids: _CallIds, started_ns: int, result: ExecResult | None) -> None:
+    def _finish(
+        self, ids: _CallIds, started_ns: int, result: ExecResult | None, span: ToolSpan
+    ) -> None:
         ended = clock()
         duration_s = (ended["mono_ns"] - started_ns) / 1e9
         # No result: the backend raised (the caller gets that exception).
@@ -424,6 +453,7 @@ class SandboxPool:
                 source="sandbox",
             )
         )
+        span.ended(result, ended["wall_ns"])
         self._publish_pressure()
 
     async def interrupt(self, session_id: str, call_id: str) -> bool:
@@ -442,6 +472,7 @@ class SandboxPool:
                 active=self.pressure.active,
                 queued=self.pressure.queued,
                 exec_ema_s=dict(self.pressure.exec_ema_s),
+                cores=self.tool_cores,
                 source="sandbox",
             )
         )

@@ -4,7 +4,9 @@ Binds loopback by default; every endpoint but ``/healthz`` and ``/metrics``
 needs the bearer token, checked before a byte of the body is read; bodies are
 bounded (``MAX_BODY_BYTES``) and timed (``agentmars.sdk.http_guard``). The pool's
 events (tool enqueue / start / end, tool pressure) feed the Prometheus metrics
-and, optionally, an event collector.
+and, optionally, an event collector. A call's span (``tracing``) is a child of the
+W3C trace context its request carries (``traceparent``: the client sends its session's),
+exported where the ``OTEL_EXPORTER_OTLP_*`` variables say unless a provider is given.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from fastapi import FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from opentelemetry import propagate
+from opentelemetry.context import Context
+from opentelemetry.trace import TracerProvider
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -42,10 +47,12 @@ from agentmars.sandbox.spec import (
     SandboxError,
     UnknownSession,
 )
+from agentmars.sandbox.tracing import SERVICE_NAME, PoolTracing
 from agentmars.sandbox.workspaces import WorkspaceError
 from agentmars.sdk.auth import bearer_matches, check_token
 from agentmars.sdk.events import Event, ToolEnd, ToolStart, new_id
 from agentmars.sdk.http_guard import RequestGuard, Scope
+from agentmars.sdk.sinks.otel import tracer_provider_from_env
 from agentmars.sdk.tool_stats import ToolKinds
 
 INTERRUPT_GRACE_S = 10.0
@@ -162,13 +169,20 @@ def _is_echoed_container(key: str, value: Any) -> bool:
     return key == "input" and isinstance(value, dict | list)
 
 
-def create_sandbox_app(pool: SandboxPool, token: str) -> FastAPI:
+def create_sandbox_app(
+    pool: SandboxPool, token: str, *, tracer_provider: TracerProvider | None = None
+) -> FastAPI:
     """The service app; starts the pool on startup and closes it (killing running
-    tools) on shutdown."""
+    tools) on shutdown. The pool's spans go to ``tracer_provider``, else to a provider
+    of the service's own built from the environment (if it gives an endpoint), else
+    where the pool's ``tracing`` sends them."""
     expected = check_token(token)
     registry = CollectorRegistry()
     pool.emitter.add(MetricsSink(registry))
     registry.register(PoolCollector(pool))
+    own = None if tracer_provider is not None else tracer_provider_from_env(SERVICE_NAME)
+    if tracer_provider is not None or own is not None:
+        pool.tracing = PoolTracing(tracer_provider or own)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -177,6 +191,8 @@ def create_sandbox_app(pool: SandboxPool, token: str) -> FastAPI:
             yield
         finally:
             await pool.close()
+            if own is not None:
+                own.shutdown()
 
     app = FastAPI(title="agentmars sandbox", lifespan=lifespan)
     app.add_middleware(
@@ -219,11 +235,12 @@ def create_sandbox_app(pool: SandboxPool, token: str) -> FastAPI:
         session_id: str, body: ExecRequest, request: Request
     ) -> ExecResult | StreamingResponse:
         pool.check_cwd(session_id, body.cwd)  # 404 / 400 before anything starts
+        parent = propagate.extract(request.headers)
         if body.stream:
             return StreamingResponse(
-                _stream_exec(pool, session_id, body), media_type="application/x-ndjson"
+                _stream_exec(pool, session_id, body, parent), media_type="application/x-ndjson"
             )
-        return await _exec_until_disconnect(pool, session_id, body, request)
+        return await _exec_until_disconnect(pool, session_id, body, request, parent)
 
     @app.post("/v1/sessions/{session_id}/calls/{call_id}/interrupt")
     async def interrupt(session_id: str, call_id: str) -> dict[str, bool]:
@@ -237,22 +254,23 @@ def _start_call(
     session_id: str,
     body: ExecRequest,
     call_id: str,
+    parent: Context,
     on_output: OutputCallback | None = None,
 ) -> asyncio.Task[ExecResult]:
     return asyncio.create_task(
         pool.run(
             session_id, body.spec(), tool=body.tool, priority=body.priority, call_id=call_id,
-            turn=body.turn, on_output=on_output,
+            turn=body.turn, on_output=on_output, trace_parent=parent,
         )
     )  # fmt: skip
 
 
 async def _exec_until_disconnect(
-    pool: SandboxPool, session_id: str, body: ExecRequest, request: Request
+    pool: SandboxPool, session_id: str, body: ExecRequest, request: Request, parent: Context
 ) -> ExecResult:
     """Run the call; if the client goes away first, kill it (nobody reads the result)."""
     call_id = body.call_id or new_id()[:16]
-    run = _start_call(pool, session_id, body, call_id)
+    run = _start_call(pool, session_id, body, call_id, parent)
     watch = asyncio.create_task(_wait_disconnect(request))
     try:
         await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -269,14 +287,17 @@ async def _wait_disconnect(request: Request, poll_s: float = 0.25) -> None:
         await asyncio.sleep(poll_s)
 
 
-async def _stream_exec(pool: SandboxPool, session_id: str, body: ExecRequest) -> AsyncIterator[str]:
+async def _stream_exec(
+    pool: SandboxPool, session_id: str, body: ExecRequest, parent: Context
+) -> AsyncIterator[str]:
     """NDJSON: ``{"stream": "stdout", "data": ...}`` per chunk, then ``{"result": ...}``.
     A client that disconnects closes this generator, which interrupts the call."""
     call_id = body.call_id or new_id()[:16]
     chunks: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
     run = _start_call(
-        pool, session_id, body, call_id, lambda stream, data: chunks.put_nowait((stream, data))
-    )
+        pool, session_id, body, call_id, parent,
+        lambda stream, data: chunks.put_nowait((stream, data)),
+    )  # fmt: skip
     run.add_done_callback(lambda _: chunks.put_nowait(None))
     try:
         while (item := await chunks.get()) is not None:

@@ -109,6 +109,11 @@ def read_field(obj: Any, name: str) -> Any:
     return getattr(obj, name, None)
 
 
+def as_name(value: object) -> str | None:
+    """An id or a name read off a response, if an event can carry it."""
+    return value if isinstance(value, str) and 1 <= len(value) <= 256 else None
+
+
 def _ns_to_s(ns: int) -> float:
     return max(ns, 0) / 1e9
 
@@ -134,12 +139,23 @@ class LLMCall(Scope):
         max_tokens: int | None = None,
         follows_tool: bool | None = None,
         expects_tool: bool = False,
+        provider: str | None = None,
+        server_address: str | None = None,
+        server_port: int | None = None,
         session: Session | None = None,
     ) -> None:
         for name, value in (("projected_prompt_tokens", projected_prompt_tokens),
                             ("max_tokens", max_tokens)):  # fmt: skip
             if value is not None and as_count(value) is None:
                 raise ValueError(f"{name} must be an integer from 0 to {MAX_COUNT}")
+        for name, text in (("provider", provider), ("server_address", server_address)):
+            if text is not None:
+                check_id(text, name)
+        if server_port is not None and not (
+            isinstance(server_port, int) and not isinstance(server_port, bool)
+            and 1 <= server_port <= 65535
+        ):  # fmt: skip
+            raise ValueError(f"server_port must be a port number, got {server_port!r}")
         self.model = model
         self.operation = operation
         self.stream = stream
@@ -147,6 +163,10 @@ class LLMCall(Scope):
         self.max_tokens = max_tokens
         self._given_follows_tool = follows_tool
         self.expects_tool = expects_tool
+        self.provider = provider
+        """The GenAI provider as the client sees it (``openai``...)."""
+        self.server_address = server_address
+        self.server_port = server_port
         self._given_session = session
         self.session: Session | None = None
         self.call_id = _new_id()[:16]
@@ -168,6 +188,9 @@ class LLMCall(Scope):
             max_tokens=self.max_tokens,
             follows_tool=self._given_follows_tool,
             expects_tool=self.expects_tool,
+            provider=self.provider,
+            server_address=self.server_address,
+            server_port=self.server_port,
             session=self._given_session,
         )
 
@@ -193,6 +216,9 @@ class LLMCall(Scope):
             max_tokens=self.max_tokens,
             follows_tool=self.follows_tool,
             expects_tool=self.expects_tool,
+            provider=self.provider,
+            server_address=self.server_address,
+            server_port=self.server_port,
         )
         self._submit_ns = event.mono_ns
         self.session.emit(event)
@@ -222,18 +248,26 @@ class LLMCall(Scope):
         output_tokens: int | None = None,
         finish_reason: str | None = None,
         ended_in_tool_call: bool | None = None,
+        response_id: str | None = None,
+        response_model: str | None = None,
     ) -> None:
         """Remember what the response reported; later values override earlier ones.
 
         Raises ``ValueError`` here, at the call site, for a value ``llm_end`` could
-        not carry (a negative or non-integer count, a non-string finish reason)."""
+        not carry (a negative or non-integer count, a non-string finish reason, an id
+        or model name that is not 1-256 characters)."""
         given = {
             "prompt_tokens": prompt_tokens,
             "cached_tokens": cached_tokens,
             "output_tokens": output_tokens,
             "finish_reason": finish_reason,
             "ended_in_tool_call": ended_in_tool_call,
+            "response_id": response_id,
+            "response_model": response_model,
         }
+        for name in ("response_id", "response_model"):
+            if given[name] is not None:
+                check_id(given[name], name)
         for name in _COUNT_FIELDS:
             if given[name] is not None and as_count(given[name]) is None:
                 raise ValueError(f"{name} must be an integer >= 0, got {given[name]!r}")
@@ -248,6 +282,10 @@ class LLMCall(Scope):
         stream chunk (object or dict); anything missing is left as it was, and so is
         anything unusable (the response is the provider's data: it must never make
         the agent's call fail)."""
+        self.record_usage(
+            response_id=as_name(read_field(response, "id")),
+            response_model=as_name(read_field(response, "model")),
+        )
         usage = read_field(response, "usage")
         if usage is not None:
             self.record_usage(

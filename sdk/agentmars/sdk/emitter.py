@@ -65,6 +65,21 @@ class Emitter:
                 except Exception as exc:
                     self._sink_failed(sink, exc)
 
+    def trace_headers(self, session_id: str, call_id: str | None = None) -> dict[str, str]:
+        """Trace context headers (W3C ``traceparent``...) for a request made on behalf
+        of the call (or, without one, the session), from the sinks that trace it (an
+        ``OTelSink``): the receiver's spans then join the session's trace. Empty when
+        no sink does."""
+        headers: dict[str, str] = {}
+        for sink in self._sinks:
+            supplier = getattr(sink, "trace_headers", None)
+            if callable(supplier):
+                try:
+                    headers.update(supplier(session_id, call_id))
+                except Exception as exc:
+                    self._sink_failed(sink, exc)
+        return headers
+
     def add(self, sink: Sink) -> None:
         with self._lock:
             self._sinks = (*self._sinks, sink)

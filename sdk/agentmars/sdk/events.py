@@ -49,12 +49,31 @@ clock reaches the limit in 2262)."""
 MAX_REASONS: Final = 32
 """Entries of ``KVStats.released``: each is a Prometheus series (``/metrics``)."""
 
+ReleaseReason = Literal[
+    "next_call",
+    "replaced",
+    "expired",
+    "pressure",
+    "ended",
+    "session_end",
+    "policy",
+    "paused",
+    "reset",
+    "shutdown",
+]
+"""Why an engine released a session's pinned KV: its session's next call got its blocks,
+a newer pin of the session replaced it, its TTL was up, an allocation needed the
+blocks, its session's call ended badly (aborted or failed, or its context started
+over), the gateway said the session ended, the policy's ``tick`` unpinned (or offloaded)
+it, the policy paused its session, the prefix cache was reset, the engine shut down."""
+
 Source = Literal["sdk", "sandbox", "gateway", "engine", "sim"]
 Id = Annotated[str, Field(min_length=1, max_length=256)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Integer = Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)]
 Nanoseconds = Annotated[int, Field(ge=0, le=MAX_NS)]
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
+Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 def clock() -> dict[str, int]:
@@ -193,6 +212,12 @@ class LLMSubmit(CallEvent):
     """The call's context ends with a tool result (the agent resumes after a tool)."""
     expects_tool: bool = False
     """The call is expected to end in a tool call (the session then leaves the GPU)."""
+    provider: Id | None = None
+    """The GenAI provider as the client sees it (``openai`` for an OpenAI client, the
+    provider of a LiteLLM routing string): what telemetry reports as the provider."""
+    server_address: Id | None = None
+    """The host the client sends the call to (the gateway's, for an agent behind it)."""
+    server_port: Port | None = None
 
 
 class LLMFirstToken(CallEvent):
@@ -215,6 +240,10 @@ class LLMEnd(CallEvent):
     finish_reason: str | None = None
     ended_in_tool_call: bool = False
     duration_s: Seconds = 0.0
+    response_id: Id | None = None
+    """The answer's id (``chatcmpl-...``), as the engine named it."""
+    response_model: Id | None = None
+    """The model the answer says produced it."""
 
     @model_validator(mode="after")
     def _cached_within_prompt(self) -> LLMEnd:
@@ -261,6 +290,9 @@ class ToolStats(Event):
     active: Count
     queued: Count = 0
     exec_ema_s: dict[Id, Seconds] = Field(default_factory=dict)
+    cores: Count | None = None
+    """The cores the host runs tools on (None: not said); a gateway reads the host's
+    CPU capacity from it rather than guessing from its own machine."""
 
 
 # --- control plane and KV ---------------------------------------------------------
@@ -290,7 +322,7 @@ class KVStats(Event):
     pins: Count = 0
     """Sessions holding pinned blocks."""
     released: dict[Id, Count] = Field(default_factory=dict, max_length=MAX_REASONS)
-    """Pins released so far, by reason (the vLLM plugin's ``pins.ReleaseReason``)."""
+    """Pins released so far, by reason (``ReleaseReason``)."""
     cpu_total_blocks: Count = 0
     cpu_free_blocks: Count = 0
     steps: Count | None = None
@@ -325,6 +357,25 @@ class KVStats(Event):
         return self
 
 
+class KVPin(SessionEvent):
+    """The engine pinned the session's KV at the end of a call (a policy's ``Pin``, at a
+    tool transition): ``blocks`` stay off the free queue until a ``kv_unpin``."""
+
+    kind: Literal["kv_pin"] = "kv_pin"
+    blocks: Count
+    ttl_s: Seconds | None = None
+    """How long the pin may be held at most (None: no TTL, held until released)."""
+
+
+class KVUnpin(SessionEvent):
+    """The engine released the session's pin, after ``held_s``."""
+
+    kind: Literal["kv_unpin"] = "kv_unpin"
+    blocks: Count
+    reason: ReleaseReason
+    held_s: Seconds = 0.0
+
+
 AnyEvent: TypeAlias = Annotated[
     SessionStart
     | SessionEnd
@@ -338,7 +389,9 @@ AnyEvent: TypeAlias = Annotated[
     | ToolEnd
     | ToolStats
     | WindowUpdate
-    | KVStats,
+    | KVStats
+    | KVPin
+    | KVUnpin,
     Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
@@ -348,7 +401,7 @@ EVENT_KINDS: tuple[str, ...] = tuple(
     for cls in (
         SessionStart, SessionEnd, SessionPause, SessionResume, LLMSubmit,
         LLMFirstToken, LLMEnd, ToolEnqueue, ToolStart, ToolEnd, ToolStats,
-        WindowUpdate, KVStats,
+        WindowUpdate, KVStats, KVPin, KVUnpin,
     )
 )  # fmt: skip
 

@@ -22,7 +22,7 @@ from openhands.sdk import Agent, Tool
 from openhands.sdk.event import ObservationEvent
 from openhands.sdk.testing import TestLLM
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -206,7 +206,8 @@ async def test_tool_spans_join_the_trace_of_the_conversation(
 ) -> None:
     """OpenHands runs tools in worker threads with the caller's context copied: the
     runtime's tool spans are children of the span current where the conversation runs
-    (OpenHands' own tool span when its tracing is on)."""
+    (OpenHands' own tool span when its tracing is on), and the pool's spans of the
+    commands they ran are theirs."""
     exporter = InMemorySpanExporter()
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
@@ -231,10 +232,19 @@ async def test_tool_spans_join_the_trace_of_the_conversation(
     await asyncio.to_thread(run)
     spans = exporter.get_finished_spans()
     (root,) = [span for span in spans if span.name == "agent run"]
-    tools = [span for span in spans if span.name == "execute_tool terminal"]
-    assert len(tools) == 2
+    runs = {
+        scope: [s for s in spans if s.name == "execute_tool terminal" and scope_of(s) == scope]
+        for scope in ("agentmars.runtime.openhands", "agentmars.sandbox")
+    }
+    tools, commands = runs["agentmars.runtime.openhands"], runs["agentmars.sandbox"]
+    assert len(tools) == len(commands) == 2
+    assert {c.parent.span_id for c in commands if c.parent} == {t.context.span_id for t in tools}
     for span in tools:
         assert span.context.trace_id == root.context.trace_id
         assert span.attributes is not None
         assert span.attributes["gen_ai.conversation.id"] == str(conversation_id)
         assert span.attributes["gen_ai.tool.call.id"] in {"terminal-1", "terminal-2"}
+
+
+def scope_of(span: ReadableSpan) -> str | None:
+    return span.instrumentation_scope.name if span.instrumentation_scope else None

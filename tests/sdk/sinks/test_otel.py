@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import subprocess
 import sys
 import threading
@@ -11,15 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
-from fastapi import FastAPI, Request, Response
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -39,7 +30,7 @@ from agentmars.sdk.events import (
     WindowUpdate,
 )
 from agentmars.sdk.sinks.otel import OTelSink, otlp_traces_url
-from agentmars.server.web.serving import serve_in_thread
+from tests.otlp_receiver import otlp_receiver
 
 E = TypeVar("E", bound=Event)
 
@@ -50,19 +41,6 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout_s}s")
         time.sleep(0.01)
-
-
-@pytest.fixture
-def exporter() -> InMemorySpanExporter:
-    return InMemorySpanExporter()
-
-
-@pytest.fixture
-def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
-    provider = TracerProvider(resource=Resource.create({"service.name": "test"}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield provider
-    provider.shutdown()
 
 
 @pytest.fixture
@@ -192,7 +170,7 @@ def test_session_with_two_llm_calls_and_a_tool_call(
         "agentmars.llm.ttft_s": one(events, LLMFirstToken).ttft_s,
     }
     (token_event,) = first.events
-    assert token_event.name == "gen_ai.first_token"
+    assert token_event.name == "agentmars.llm.first_token"
     assert token_event.timestamp == one(events, LLMFirstToken).wall_ns
     assert dict(token_event.attributes or {}) == {
         "agentmars.llm.ttft_s": one(events, LLMFirstToken).ttft_s
@@ -221,6 +199,7 @@ def test_session_with_two_llm_calls_and_a_tool_call(
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": "terminal",
         "gen_ai.tool.call.id": "call_1",
+        "gen_ai.tool.type": "function",
         "agentmars.session.id": session_id,
         "agentmars.turn": 0,
         "agentmars.tool.queue_wait_s": tool_start.queue_wait_s,
@@ -228,7 +207,7 @@ def test_session_with_two_llm_calls_and_a_tool_call(
         "agentmars.tool.exit_status": 0,
     }
     (start_event,) = tool.events
-    assert start_event.name == "tool.start"
+    assert start_event.name == "agentmars.tool.start"
     assert start_event.timestamp == tool_start.wall_ns
     assert tool.status.status_code is StatusCode.UNSET
 
@@ -251,7 +230,7 @@ def test_queued_tool_span_starts_at_enqueue(sink: OTelSink, exporter: InMemorySp
     assert tool.attributes["agentmars.tool.queue_wait_s"] == start.queue_wait_s
     assert tool.attributes["agentmars.tool.cpu_time_s"] == 0.5
     assert "agentmars.turn" not in tool.attributes  # before the first LLM call
-    assert [(e.name, e.timestamp) for e in tool.events] == [("tool.start", start.wall_ns)]
+    assert [(e.name, e.timestamp) for e in tool.events] == [("agentmars.tool.start", start.wall_ns)]
 
 
 # --- failures ------------------------------------------------------------------------------
@@ -468,73 +447,18 @@ def test_sdk_imports_without_opentelemetry() -> None:
 # --- OTLP/HTTP export --------------------------------------------------------------------------
 
 
-def value_of(value: AnyValue) -> Any:
-    field = value.WhichOneof("value")
-    if field == "array_value":
-        return tuple(value_of(v) for v in value.array_value.values)
-    return getattr(value, field) if field else None
-
-
-def attributes_of(items: Any) -> dict[str, Any]:
-    return {kv.key: value_of(kv.value) for kv in items if isinstance(kv, KeyValue)}
-
-
-class Receiver:
-    """An OTLP/HTTP traces endpoint that decodes and keeps what it is sent."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        self.app = FastAPI()
-        self.app.post("/v1/traces")(self.receive)
-
-    async def receive(self, request: Request) -> Response:
-        body = await request.body()
-        if request.headers.get("content-encoding") == "gzip":
-            body = gzip.decompress(body)
-        message = ExportTraceServiceRequest()
-        message.ParseFromString(body)
-        received = []
-        for resource_spans in message.resource_spans:
-            resource = attributes_of(resource_spans.resource.attributes)
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    received.append(
-                        {
-                            "name": span.name,
-                            "resource": resource,
-                            "scope": scope_spans.scope.name,
-                            "attributes": attributes_of(span.attributes),
-                            "trace_id": span.trace_id,
-                            "parent_span_id": span.parent_span_id,
-                            "span_id": span.span_id,
-                            "header": request.headers.get("x-test"),
-                        }
-                    )
-        with self.lock:
-            self.spans.extend(received)
-        return Response(
-            content=ExportTraceServiceResponse().SerializeToString(),
-            media_type="application/x-protobuf",
-        )
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        with self.lock:
-            return list(self.spans)
-
-
 @pytest.mark.parametrize("path", ["/v1/traces", ""])
 def test_otlp_http_export(path: str) -> None:
-    receiver = Receiver()
-    with serve_in_thread(receiver.app) as url:
+    with otlp_receiver() as (receiver, traces_url):
+        base = traces_url.removesuffix("/v1/traces")
         sink = OTelSink.to_otlp_http(
-            f"{url}{path}", service_name="agentmars-test", headers={"x-test": "yes"}
+            f"{base}{path}", service_name="agentmars-test", headers={"x-test": "yes"}
         )
         session_id = run_coder_session(sdk.Emitter([sink]))
         sink.close()  # flushes the batch processor and shuts the owned provider down
-        wait_until(lambda: len(receiver.snapshot()) == 4)
+        received = receiver.wait_for(lambda spans: len(spans) == 4)
 
-    spans = {s["name"]: s for s in receiver.snapshot()}
+    spans = {s.name: s for s in received}
     assert set(spans) == {
         "invoke_agent coder",
         "chat m",
@@ -543,15 +467,15 @@ def test_otlp_http_export(path: str) -> None:
     }
     root = spans["invoke_agent coder"]
     for span in spans.values():
-        assert span["resource"]["service.name"] == "agentmars-test"
-        assert span["scope"] == "agentmars.sdk.sinks.otel"
-        assert span["header"] == "yes"
-        assert span["trace_id"] == root["trace_id"]
-        assert span["attributes"]["agentmars.session.id"] == session_id
+        assert span.service == "agentmars-test"
+        assert span.scope == "agentmars.sdk.sinks.otel"
+        assert span.headers["x-test"] == "yes"
+        assert span.trace_id == root.trace_id
+        assert span.attributes["agentmars.session.id"] == session_id
         if span is not root:
-            assert span["parent_span_id"] == root["span_id"]
+            assert span.parent_span_id == root.span_id
 
-    chat = spans["chat m"]["attributes"]
+    chat = spans["chat m"].attributes
     assert chat["gen_ai.operation.name"] == "chat"
     assert chat["gen_ai.request.model"] == "m"
     assert chat["gen_ai.usage.input_tokens"] == 100
@@ -559,18 +483,18 @@ def test_otlp_http_export(path: str) -> None:
     assert chat["gen_ai.usage.cache_read.input_tokens"] == 64
     assert chat["gen_ai.response.finish_reasons"] == ("tool_calls",)
     assert chat["agentmars.turn"] == 0
-    completion = spans["text_completion m2"]["attributes"]
+    completion = spans["text_completion m2"].attributes
     assert completion["gen_ai.operation.name"] == "text_completion"
     assert completion["gen_ai.request.model"] == "m2"
     assert completion["gen_ai.usage.input_tokens"] == 130
     assert completion["gen_ai.usage.output_tokens"] == 7
     assert completion["agentmars.turn"] == 1
-    tool = spans["execute_tool terminal"]["attributes"]
+    tool = spans["execute_tool terminal"].attributes
     assert tool["gen_ai.operation.name"] == "execute_tool"
     assert tool["gen_ai.tool.name"] == "terminal"
     assert tool["agentmars.turn"] == 0
-    assert root["attributes"]["gen_ai.operation.name"] == "invoke_agent"
-    assert root["attributes"]["gen_ai.conversation.id"] == session_id
+    assert root.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert root.attributes["gen_ai.conversation.id"] == session_id
 
 
 @pytest.mark.parametrize(

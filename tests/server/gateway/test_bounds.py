@@ -76,7 +76,8 @@ def test_a_window_past_a_double_is_refused_and_metrics_stay_up(gateway: Gateway)
     assert gateway.hub.count == 0
     scrape = httpx.get(f"{gateway.url}/metrics")
     assert scrape.status_code == 200
-    assert 'agentmars_window{policy="fcfs"} -1.0' in scrape.text
+    assert "# TYPE agentmars_admission_window_sessions gauge" in scrape.text
+    assert "agentmars_admission_window_sessions{" not in scrape.text  # no window came
 
 
 def test_an_event_past_the_per_event_limit_gets_413_and_nothing_is_kept(

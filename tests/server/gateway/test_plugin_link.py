@@ -88,11 +88,12 @@ def linked(
 
 
 def _scrape(url: str) -> dict[tuple[str, str], float]:
-    """Samples by (name, reason label or "")."""
+    """Samples by (name, state or reason label or "")."""
     samples = {}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
         for sample in family.samples:
-            samples[sample.name, sample.labels.get("reason", "")] = sample.value
+            label = sample.labels.get("state") or sample.labels.get("reason", "")
+            samples[sample.name, label] = sample.value
     return samples
 
 
@@ -167,19 +168,19 @@ def test_kv_figures_reach_the_gateway_metrics(linked: Gateway, addresses: tuple[
     publisher = KVStatusPublisher(lambda: figures[0], path=None, address=addresses[0], hz=20)
     try:
         scraped = _eventually(
-            lambda: (s := _scrape(linked.url))[("agentmars_kv_total_blocks", "")] and s
+            lambda: (s := _scrape(linked.url)).get(("agentmars_kv_blocks", "free")) and s
         )
-        assert scraped[("agentmars_kv_free_blocks", "")] == 50
-        assert scraped[("agentmars_kv_used_blocks", "")] == 13
-        assert scraped[("agentmars_kv_pinned_blocks", "")] == 6
-        assert scraped[("agentmars_kv_pins", "")] == 2
+        assert scraped[("agentmars_kv_blocks", "free")] == 50
+        assert scraped[("agentmars_kv_blocks", "used")] == 13 - 6  # the pinned apart
+        assert scraped[("agentmars_kv_blocks", "pinned")] == 6
+        assert scraped[("agentmars_kv_pinned_sessions", "")] == 2
         assert scraped[("agentmars_kv_pins_released_total", "expired")] == 3
         assert scraped[("agentmars_kv_pins_released_total", "session_end")] == 1
         # The admission half's view reads the same figures (a window policy's input).
         kv = linked.app.state.gateway.admission.view.kv
         assert (kv.total_blocks, kv.free_blocks, kv.pinned_blocks) == (63, 50, 6)
         figures[0] = figures[0].model_copy(update={"free_blocks": 40})
-        assert _eventually(lambda: _scrape(linked.url)[("agentmars_kv_free_blocks", "")] == 40)
+        assert _eventually(lambda: _scrape(linked.url)[("agentmars_kv_blocks", "free")] == 40)
     finally:
         publisher.stop()
 
@@ -238,7 +239,7 @@ def test_the_gateway_process_links_to_the_plugin_by_its_flags(
     inbox = HintInbox(hints)
     try:
         with serve_in_subprocess(argv, env={TOKEN_ENV: TOKEN}) as url:
-            assert _eventually(lambda: _scrape(url)[("agentmars_kv_free_blocks", "")] == 7)
+            assert _eventually(lambda: _scrape(url).get(("agentmars_kv_blocks", "free")) == 7)
             _post(url, SessionEnd(session_id="s", turns=1))
             assert [e.kind for e in _eventually(inbox.drain)] == ["session_end"]
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -191,20 +192,61 @@ def test_a_connection_the_engine_dropped_is_retried_not_a_503(gateway: Gateway) 
             assert client.post("/v1/completions", json=ok).status_code == 200
 
 
+async def _answered_the_model_list(scope: Scope, send: Send) -> bool:
+    """What a test engine answers besides its calls: no lifespan, its model list."""
+    if scope["type"] != "http":
+        return True
+    if scope["path"] != "/v1/models":
+        return False
+    body = json.dumps({"data": [{"id": MODEL}]}).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+    return True
+
+
 async def _broken_engine(scope: Scope, receive: Receive, send: Send) -> None:
     """An engine whose answers break off: it declares 1000 bytes and sends 12 (uvicorn
     then drops the connection)."""
-    if scope["type"] != "http":
-        return
-    if scope["path"] == "/v1/models":
-        body = json.dumps({"data": [{"id": MODEL}]}).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": body})
+    if await _answered_the_model_list(scope, send):
         return
     headers = [(b"content-length", b"1000"), (b"content-type", b"text/event-stream")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": b"data: {}\n\n..", "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _lingering_engine(scope: Scope, receive: Receive, send: Send) -> None:
+    """An engine whose stream stays open a while after its ``[DONE]`` (the response's
+    end comes later), so a client that closes at ``[DONE]`` closes before it."""
+    if await _answered_the_model_list(scope, send):
+        return
+    chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
+    headers = [(b"content-type", b"text/event-stream")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    piece = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+    await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await asyncio.sleep(1.0)  # the lingering end, not a stand-in for work
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def test_a_client_that_closes_at_done_got_its_whole_answer(make_gateway: GatewayFactory) -> None:
+    """The OpenAI client closes a stream at ``[DONE]`` without reading the response's
+    end: the call is whole (``ok``) and its session goes on; it did not disconnect."""
+    with serve_in_thread(_lingering_engine) as engine_url, make_gateway(engine_url) as gateway:
+        for _ in range(2):
+            with httpx.stream(
+                "POST",
+                f"{gateway.url}/v1/chat/completions",
+                json={**CHAT, "stream": True},
+                headers={"X-Session-ID": "s1"},
+            ) as stream:
+                assert "data: [DONE]" in stream.iter_lines()  # read up to it, then close
+        deadline = time.monotonic() + 5.0
+        while len(ends := [e for e in gateway.hub.events() if isinstance(e, LLMEnd)]) < 2:
+            assert time.monotonic() < deadline, gateway.kinds()
+            time.sleep(0.01)
+        assert [e.status for e in ends] == ["ok", "ok"]
+        assert "session_end" not in gateway.kinds()
 
 
 def test_an_answer_that_breaks_off_is_a_502_or_a_cut_stream(make_gateway: GatewayFactory) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentmars.sdk.events import KVStats, SessionEnd, ToolEnd, ToolEnqueue, ToolStart
+from agentmars.sdk.events import KVStats, SessionEnd, ToolEnd, ToolEnqueue, ToolStart, ToolStats
 from agentmars.server.policies.admission_view import StreamAdmissionView
 
 
@@ -51,3 +51,11 @@ def test_a_kv_source_wins_over_the_stream_and_the_host_counts_the_sessions() -> 
     seen.observe(KVStats(total_blocks=64, free_blocks=1, used_blocks=63))
     assert seen.kv is from_engine
     assert seen.active_sessions == 3 and seen.tool_cores == 2
+
+
+def test_the_tool_cores_are_the_sandboxs_once_it_says_them() -> None:
+    seen = view()  # the host's guess: 2
+    seen.observe(ToolStats(active=0))  # a host that does not say keeps the guess
+    assert seen.tool_cores == 2
+    seen.observe(ToolStats(active=1, cores=1, source="sandbox"))
+    assert seen.tool_cores == 1

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, StreamingResponse
+from pydantic import BaseModel
 
 from agentmars.server.profiles.calibrate import (
     ProbeRecord,
@@ -210,6 +211,18 @@ def test_the_recorded_paced_engine_gives_back_its_coefficients() -> None:
     assert "R^2" in profile.sources[0]
 
 
+def assert_same_fit(shipped: object, fitted: object) -> None:
+    """The shipped profile is this recording's fit: the same coefficients to the last
+    few bits (a least-squares fit on another CPU's BLAS kernels rounds differently)."""
+    assert isinstance(shipped, BaseModel) and isinstance(fitted, BaseModel)
+    numbers, fitted_numbers = (
+        {k: v for k, v in fit.model_dump().items() if isinstance(v, float)}
+        for fit in (shipped, fitted)
+    )
+    assert shipped.model_dump().keys() == fitted.model_dump().keys()
+    assert numbers == pytest.approx(fitted_numbers, rel=1e-9)
+
+
 def test_the_vllm_cpu_recording_fits_and_is_the_shipped_cpu_tiny() -> None:
     """tests/server/profiles/data/cpu-tiny-recording.json: ``agentmars calibrate`` against
     vLLM 0.32.0's CPU engine serving the tiny Llama (docs/cost-model.md)."""
@@ -222,7 +235,7 @@ def test_the_vllm_cpu_recording_fits_and_is_the_shipped_cpu_tiny() -> None:
     assert fit.cost.c4 > 0 and fit.cost.c3 > 0
     assert set(fit.errors) == {"prefill", "decode", "batch", "mixed"}
     shipped = load_profile("cpu-tiny")
-    assert shipped.cost == fit.cost
+    assert_same_fit(shipped.cost, fit.cost)
     assert shipped.model_dump(include=set(EngineLimits.model_fields)) == (
         recording.engine.model_dump()
     )
@@ -239,8 +252,9 @@ def test_the_operating_point_recording_fits_and_is_the_shipped_cpu_tiny_avx2() -
     assert set(fit.errors) == {"prefill", "decode", "batch", "mixed", "resume"}
     assert fit.errors["resume"].mean_abs < 0.05
     shipped = load_profile("cpu-tiny-avx2")
-    assert shipped.cost == fit.cost
-    assert shipped.request_overhead_s == fit.request_overhead_s > 0
+    assert_same_fit(shipped.cost, fit.cost)
+    assert shipped.request_overhead_s == pytest.approx(fit.request_overhead_s, rel=1e-9)
+    assert fit.request_overhead_s > 0
     assert recording.host in shipped.description
     # The operating point's engine: 64 blocks, contexts up to 4,096 tokens.
     assert (shipped.num_gpu_blocks, shipped.max_model_len) == (64, 4096)

@@ -21,6 +21,8 @@ from opentelemetry import trace
 
 from agentmars.runtime.openhands.markers import SessionMarkers
 from agentmars.sandbox.pool import SandboxPool
+from agentmars.sdk import semconv as sc
+from agentmars.sdk.sinks.otel import parent_context, tool_span_name
 
 T = TypeVar("T")
 _TRACER = trace.get_tracer("agentmars.runtime.openhands")
@@ -66,14 +68,20 @@ class SandboxSession:
 
     @contextlib.contextmanager
     def span(self, tool: str, call_id: str | None = None) -> Iterator[trace.Span]:
-        """A span of the tool call under the current one (OpenHands' tool span, when
-        its tracing is on): the pool's part joins the SDK's trace."""
+        """A span of the tool action under the current one (OpenHands' tool span, when
+        its tracing is on), else under the session's span in the trace of the pool
+        emitter's ``OTelSink``: the pool's spans of its commands are its children."""
         attributes = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": tool,
-            "gen_ai.conversation.id": self.session_id,
+            sc.OPERATION: "execute_tool",
+            sc.TOOL_NAME: tool,
+            sc.TOOL_TYPE: sc.TOOL_TYPE_FUNCTION,
+            sc.CONVERSATION_ID: self.session_id,
+            sc.SESSION_ID: self.session_id,
         }
         if call_id is not None:
-            attributes["gen_ai.tool.call.id"] = call_id
-        with _TRACER.start_as_current_span(f"execute_tool {tool}", attributes=attributes) as span:
+            attributes[sc.TOOL_CALL_ID] = call_id
+        parent = parent_context(self.pool.emitter, self.session_id, call_id)
+        with _TRACER.start_as_current_span(
+            tool_span_name(tool), context=parent, attributes=attributes
+        ) as span:
             yield span

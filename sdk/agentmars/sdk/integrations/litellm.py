@@ -18,6 +18,10 @@ too, so code importing them afterwards gets the wrappers: the import order does 
 matter. What it cannot reach (a function kept in an object or a closure before it
 ran) should call these wrappers itself.
 
+A call's telemetry names the model as LiteLLM routes it, without the routing prefix
+(``openai/cpu-tiny`` is model ``cpu-tiny`` of provider ``openai``: LiteLLM's
+``get_llm_provider``), and the server of its ``api_base``.
+
 The gateway's tool priority (``request.remember_tool_priority``) is read from the
 answer's ``_hidden_params["additional_headers"]``, where LiteLLM keeps the
 provider's headers (prefixed ``llm_provider-``), of a whole answer and a stream alike.
@@ -29,7 +33,7 @@ import functools
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -42,10 +46,12 @@ import litellm
 from litellm.responses.streaming_iterator import BaseResponsesAPIStreamingIterator
 
 from agentmars.sdk.integrations.request import (
+    Target,
     recorded_acall,
     recorded_call,
     remember_tool_priority,
 )
+from agentmars.sdk.semconv import provider_of_litellm
 
 Function = Callable[..., Any]
 _COMPLETION_ARGS = ("model", "messages")
@@ -64,6 +70,24 @@ def _named(
     if len(args) > len(positional):
         raise TypeError(f"pass LiteLLM arguments after {' and '.join(positional)} by keyword")
     return {**dict(zip(positional, args, strict=False)), **kwargs}
+
+
+def _target(kwargs: Mapping[str, Any]) -> Target:
+    """The model, its provider and its server, as LiteLLM routes the call."""
+    model = kwargs.get("model")
+    if not isinstance(model, str):
+        return Target(None if model is None else str(model))
+    try:
+        name, provider, _, api_base = litellm.get_llm_provider(
+            model=model,
+            custom_llm_provider=kwargs.get("custom_llm_provider"),
+            api_base=kwargs.get("api_base") or kwargs.get("base_url"),
+        )
+    except Exception:  # LiteLLM refuses the call itself then, with its own message
+        return Target(model)
+    if api_base:
+        return Target.of_url(name, provider_of_litellm(provider), api_base)
+    return Target(name, provider_of_litellm(provider))
 
 
 def _provider_headers(response: Any) -> dict[str, str]:
@@ -92,7 +116,8 @@ def _recorded(original: Function, positional: tuple[str, ...]) -> Function:
     def recorded(*args: Any, **kwargs: Any) -> Any:
         if _CREATING.get():
             return original(*args, **kwargs)
-        return recorded_call(create, _named(positional, args, kwargs), "chat", _is_stream)
+        named = _named(positional, args, kwargs)
+        return recorded_call(create, named, "chat", _is_stream, _target)
 
     return recorded
 
@@ -111,7 +136,8 @@ def _arecorded(original: Function, positional: tuple[str, ...]) -> Function:
     async def recorded(*args: Any, **kwargs: Any) -> Any:
         if _CREATING.get():
             return await original(*args, **kwargs)
-        return await recorded_acall(create, _named(positional, args, kwargs), "chat", _is_stream)
+        named = _named(positional, args, kwargs)
+        return await recorded_acall(create, named, "chat", _is_stream, _target)
 
     return recorded
 

@@ -10,7 +10,10 @@ emitted). Calls outside a session pass through untouched.
 The patched ``create`` goes through openai's raw-response wrapper (its documented way to
 an answer's headers) and keeps the gateway's tool priority for the session
 (``request.remember_tool_priority``); the caller gets the parsed answer, as from
-``create``, or the raw response when it called ``with_raw_response.create``. Copies made
+``create``, or the raw response when it called ``with_raw_response.create``. The call's
+telemetry names the provider ``openai`` (the API the client speaks, whoever serves it:
+the conventions' provider "as identified by the client"; ``azure.ai.openai`` for an
+Azure client) and the server of the client's ``base_url``. Copies made
 by ``with_options(...)`` / ``copy(...)`` are instrumented too. Calls through
 ``with_streaming_response`` are passed through unrecorded, with a warning.
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import openai
@@ -27,6 +30,8 @@ from openai._constants import RAW_RESPONSE_HEADER
 
 from agentmars.sdk.integrations.request import (
     Operation,
+    Target,
+    Targeting,
     recorded_acall,
     recorded_call,
     remember_tool_priority,
@@ -82,8 +87,21 @@ class _Answer:
         return self.raw
 
 
+def _targeting(resource: Any) -> Targeting:
+    client = resource._client
+    azure = isinstance(client, openai.AzureOpenAI | openai.AsyncAzureOpenAI)
+    provider = "azure.ai.openai" if azure else "openai"
+
+    def target(kwargs: Mapping[str, Any]) -> Target:
+        model = kwargs.get("model")
+        return Target.of_url(None if model is None else str(model), provider, client.base_url)
+
+    return target
+
+
 def _wrap_sync(resource: Any, operation: Operation) -> Any:
     raw_create, unrecorded = _raw_create(resource), resource.create
+    target = _targeting(resource)
 
     @functools.wraps(resource.create)
     def recorded_create(**kwargs: Any) -> Any:  # the client's create() is keyword-only
@@ -93,7 +111,7 @@ def _wrap_sync(resource: Any, operation: Operation) -> Any:
             return unrecorded(**kwargs)
         answer = _Answer(wants_raw=mode is not None)
         recorded = recorded_call(
-            lambda **kw: answer.take(raw_create(**kw)), kwargs, operation, _is_stream
+            lambda **kw: answer.take(raw_create(**kw)), kwargs, operation, _is_stream, target
         )
         return answer.give(recorded)
 
@@ -102,6 +120,7 @@ def _wrap_sync(resource: Any, operation: Operation) -> Any:
 
 def _wrap_async(resource: Any, operation: Operation) -> Any:
     raw_create, unrecorded = _raw_create(resource), resource.create
+    target = _targeting(resource)
 
     @functools.wraps(resource.create)
     async def recorded_create(**kwargs: Any) -> Any:
@@ -114,7 +133,7 @@ def _wrap_async(resource: Any, operation: Operation) -> Any:
         async def create(**kw: Any) -> Any:
             return answer.take(await raw_create(**kw))
 
-        return answer.give(await recorded_acall(create, kwargs, operation, _is_stream))
+        return answer.give(await recorded_acall(create, kwargs, operation, _is_stream, target))
 
     return recorded_create
 

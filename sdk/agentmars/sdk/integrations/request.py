@@ -18,6 +18,14 @@ caller already put in ``vllm_xargs`` are kept, and so is a hint the caller gave
 a call there itself (it is more specific than a session's or a block's); the
 ids and markers are always the SDK's, so the wire and the events agree.
 
+With the call go the trace context headers of its span (W3C ``traceparent``...), when
+the session's emitter has a sink that traces it (``Emitter.trace_headers``): the
+gateway's and the engine's spans join the session's trace. A ``traceparent`` the caller
+put in ``extra_headers`` itself is kept.
+
+The call's ``Target`` (the model as telemetry names it, the provider, the server) is the
+integration's to say: each client knows where it sends a call.
+
 The other way, the gateway answers with header ``X-Agentmars-Tool-Priority``: where
 the session's tool calls go in the sandbox pool's queue (the policy's CPU side).
 ``remember_tool_priority`` keeps the newest for the current session, and its
@@ -29,15 +37,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from agentmars.sdk.calls import LLMCall, current_hints, read_field
+from agentmars.sdk.calls import LLMCall, as_name, current_hints, read_field
 from agentmars.sdk.events import as_count
 from agentmars.sdk.scope import outcome_of
 from agentmars.sdk.session import current_session
 
 Operation = Literal["chat", "text_completion"]
 IsStream = Callable[[Any], bool]
+TRACEPARENT = "traceparent"
 SESSION_HEADER = "X-Session-ID"
 TOOL_PRIORITY_HEADER = "X-Agentmars-Tool-Priority"
 TOOL_PRIORITY_BOUNDS = (-(2**31), 2**31 - 1)
@@ -53,6 +64,32 @@ CHARS_PER_TOKEN = 4
 """Client-side prompt projection (our choice: ~4 characters per token for
 English and code with BPE tokenizers); the gateway replaces it with the
 engine tokenizer's exact count."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a call goes, as its telemetry names it (``gen_ai.request.model``,
+    ``gen_ai.provider.name``, ``server.address`` / ``server.port``)."""
+
+    model: str | None
+    provider: str | None = None
+    server_address: str | None = None
+    server_port: int | None = None
+
+    @classmethod
+    def of_url(cls, model: str | None, provider: str, url: object) -> Target:
+        """A call to the API at ``url`` (a client's base URL): its host, and its port,
+        the scheme's default when the URL gives none."""
+        parts = urlsplit(str(url))
+        try:
+            port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
+        except ValueError:
+            port = None
+        return cls(model, provider, as_name(parts.hostname), port)
+
+
+Targeting = Callable[[Mapping[str, Any]], Target]
+"""Says where a call with these keyword arguments goes."""
 
 
 def project_prompt_tokens(kwargs: Mapping[str, Any]) -> int | None:
@@ -115,14 +152,25 @@ def _expects_tool(kwargs: Mapping[str, Any]) -> bool:
     return hints is not None and hints.next_tool is not None
 
 
-def begin_call(kwargs: dict[str, Any], operation: Operation) -> LLMCall | None:
+def _model_only(kwargs: Mapping[str, Any]) -> Target:
+    return Target(str(kwargs["model"]) if kwargs.get("model") is not None else None)
+
+
+def begin_call(
+    kwargs: dict[str, Any], operation: Operation, target: Targeting = _model_only
+) -> LLMCall | None:
     """Open (submit) an LLM call for the current session and inject its metadata into
-    ``kwargs``; returns None, leaving ``kwargs`` untouched, outside any session."""
+    ``kwargs``; returns None, leaving ``kwargs`` untouched, outside any session.
+    ``target`` says where the call goes (asked inside a session only)."""
     if current_session() is None:
         return None
+    where = target(kwargs)
     max_tokens = next((kwargs[k] for k in _MAX_TOKENS if kwargs.get(k) is not None), None)
     call = LLMCall(
-        str(kwargs.get("model")) if kwargs.get("model") is not None else None,
+        where.model,
+        provider=where.provider,
+        server_address=where.server_address,
+        server_port=where.server_port,
         operation=operation,
         stream=bool(kwargs.get("stream")),
         projected_prompt_tokens=project_prompt_tokens(kwargs),
@@ -150,6 +198,8 @@ def inject_metadata(kwargs: dict[str, Any], call: LLMCall) -> None:
     session_id = call.session.session_id
     headers = dict(kwargs.get("extra_headers") or {})
     headers[SESSION_HEADER] = session_id
+    if not any(name.lower() == TRACEPARENT for name in headers):
+        headers.update(call.session.emitter.trace_headers(session_id, call.call_id))
     body = dict(kwargs.get("extra_body") or {})
     body["session_id"] = session_id
     body["vllm_xargs"] = {
@@ -182,11 +232,15 @@ def _carries_output(chunk: Any) -> bool:
 
 
 def recorded_call(
-    create: Callable[..., Any], kwargs: dict[str, Any], operation: Operation, is_stream: IsStream
+    create: Callable[..., Any],
+    kwargs: dict[str, Any],
+    operation: Operation,
+    is_stream: IsStream,
+    target: Targeting = _model_only,
 ) -> Any:
     """Run a client's sync ``create(**kwargs)`` as a recorded LLM call of the current
     session (untouched outside one); a stream comes back wrapped to record as read."""
-    call = begin_call(kwargs, operation)
+    call = begin_call(kwargs, operation, target)
     if call is None:
         return create(**kwargs)
     try:
@@ -202,9 +256,10 @@ async def recorded_acall(
     kwargs: dict[str, Any],
     operation: Operation,
     is_stream: IsStream,
+    target: Targeting = _model_only,
 ) -> Any:
     """The async counterpart of ``recorded_call``."""
-    call = begin_call(kwargs, operation)
+    call = begin_call(kwargs, operation, target)
     if call is None:
         return await create(**kwargs)
     try:
@@ -245,6 +300,8 @@ def record_answer(call: LLMCall, answer: Any) -> None:
         prompt_tokens=as_count(read_field(usage, "input_tokens")),
         output_tokens=as_count(read_field(usage, "output_tokens")),
         cached_tokens=as_count(read_field(details, "cached_tokens")),
+        response_id=as_name(read_field(response, "id")),
+        response_model=as_name(read_field(response, "model")),
     )
     status = read_field(response, "status")
     if status in _RESPONSE_ENDED:

@@ -145,6 +145,9 @@ class Admission:
         self.publish = publish
         """Puts the ``session_end`` of a session the gateway ends itself on the stream
         (the hub), so both halves forget it as they forget one the SDK ended."""
+        self.on_admit: Callable[[WaitingSession], None] = lambda session: None
+        """Told of each session as it is let in (the operator's admission wait,
+        ``operator_state``)."""
         self.view = view
         self.feed = EventFeed(self._deliver)
         self.idle_timeout_s = idle_timeout_s
@@ -268,6 +271,7 @@ class Admission:
         if waiting is None:  # a policy that returns something it was not given
             raise RuntimeError(f"policy admitted {session.session_id!r}, which is not waiting")
         self.admitted[waiting.session_id] = AdmittedSession()
+        self.on_admit(waiting)
         self._settle(waiting.session_id)
         if not waiting.admitted.done():
             waiting.admitted.set_result(None)

@@ -1,6 +1,7 @@
 """The gateway's FastAPI app: OpenAI-compatible pass-through with the policy's
 admission in front of the LLM calls (``llm_apis``), the engine's other routes passed
-through (``passthrough``), the event hub, the SSE stream and ``/metrics``. Any other
+through (``passthrough``), the event hub, the SSE stream and ``/metrics`` (the
+operator's series, ``operator_state``, then the engine's own). Any other
 route is a 404, a known route's wrong method a 405, both with an OpenAI-style body
 that lists the routes served.
 
@@ -28,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
+from opentelemetry.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
@@ -35,11 +37,15 @@ from starlette.types import Receive, Scope, Send
 from agentmars.sdk.events import MAX_COUNT, AnyEvent
 from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard, guarded_server
 from agentmars.sdk.integrations.request import TOOL_PRIORITY_HEADER
+from agentmars.sdk.sinks.otel import tracer_provider_from_env
+from agentmars.server.gateway import tracing
 from agentmars.server.gateway.admission import Admission
 from agentmars.server.gateway.call_meta import BadRequest, CallMeta, call_metadata
+from agentmars.server.gateway.dashboard import dashboard_router
 from agentmars.server.gateway.events import CallRecorder, CallStatus, stream_router
 from agentmars.server.gateway.llm_apis import LLM_APIS, LLMApi
 from agentmars.server.gateway.metrics import GatewayMetrics
+from agentmars.server.gateway.operator_state import OperatorState
 from agentmars.server.gateway.passthrough import passthrough_router
 from agentmars.server.gateway.plugin_link import PluginLink
 from agentmars.server.gateway.proxy import (
@@ -102,6 +108,13 @@ class GatewayConfig:
     """The plugin's KV figures' ZMQ PUB address (its ``AGENTMARS_KV_STATUS_ADDR``)."""
     plugin_hints_address: str | None = None
     """The plugin's ZMQ PULL address for the stream's events (``AGENTMARS_HINTS_ADDR``)."""
+    tracer_provider: TracerProvider | None = None
+    """Where the gateway's spans go (``tracing``); None: a provider of its own built
+    from the ``OTEL_EXPORTER_OTLP_*`` variables, or no spans without them."""
+    model_name: str = ""
+    """The served model's name, the ``model_name`` label of ``/metrics`` ("": the
+    engine's, from its ``/v1/models`` when the gateway starts or, if the engine does
+    not answer then, when it is first scraped)."""
 
 
 @dataclass
@@ -111,6 +124,8 @@ class Gateway:
     config: GatewayConfig
     hub: EventHub
     admission: Admission
+    operator: OperatorState
+    """The operator's view (``/metrics`` and the dashboard read it)."""
     metrics: GatewayMetrics
     upstream: Upstream | None = None
     link: PluginLink | None = None
@@ -156,12 +171,13 @@ def _build_gateway(config: GatewayConfig, hub: EventHub, policy: Policy | None) 
         idle_timeout_s=config.idle_timeout_s,
         publish=hub.publish,
     )
-    return Gateway(config, hub, admission, GatewayMetrics(admission), link=link)
+    operator = OperatorState(admission, config.model_name)
+    return Gateway(config, hub, admission, operator, GatewayMetrics(operator), link=link)
 
 
 def _on_events(gateway: Gateway, events: Sequence[AnyEvent]) -> None:
     for event in events:
-        gateway.metrics.collector.observe(event)
+        gateway.operator.observe(event)
     gateway.admission.on_events(events)
     if gateway.link is not None:
         gateway.link.forward(events)
@@ -198,6 +214,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     unsubscribe = gateway.hub.subscribe(to_loop)
     passes = asyncio.create_task(_admission_passes(gateway.admission))
     try:
+        await _learn_model_name(gateway)
         yield
     finally:
         passes.cancel()
@@ -205,6 +222,28 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.engine.aclose()
         if gateway.link is not None:
             gateway.link.close()
+
+
+async def _learn_model_name(gateway: Gateway) -> None:
+    """Name the served model after the engine's model list, unless it has a name (the
+    first in sorted order if the engine serves several: ``--model-name`` chooses)."""
+    if gateway.operator.model_name:
+        return
+    with contextlib.suppress(GatewayError):  # the engine is not up: ask again next time
+        if served := await gateway.engine.model_ids():
+            gateway.operator.model_name = min(served)
+
+
+async def _engine_metrics(engine: Upstream) -> bytes | None:
+    """The engine's Prometheus text, None if it gives none now (it is down, or answers
+    another format)."""
+    try:
+        answer = await engine.ask("/metrics")
+    except GatewayError:
+        return None
+    if answer.status != 200 or not (answer.content_type or "").startswith("text/plain"):
+        return None
+    return answer.content if answer.content.endswith(b"\n") else answer.content + b"\n"
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -226,13 +265,17 @@ async def _complete(gateway: Gateway, request: Request, api: LLMApi) -> Response
         meta = call_metadata(request.headers, body, api)
     except BadRequest as exc:
         raise GatewayError(400, str(exc)) from None
-    if isinstance(body.get("model"), str):
-        await gateway.engine.check_model(body["model"])
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    tracing.call_known(meta, api.operation(body), model)
+    if model is not None:
+        await gateway.engine.check_model(model)
     with ClientWatch(request) as watch:
+        arrived = time.monotonic()
         try:
             turn = await watch.unless_gone(gateway.admission.enter(meta))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client is gone
+        tracing.admitted(gateway.admission.policy_name, turn, time.monotonic() - arrived)
         return await _forward(gateway, request, watch, api, body, meta, turn)
 
 
@@ -248,8 +291,7 @@ async def _forward(
     recorder = CallRecorder(gateway.hub, meta, turn, body, api)
 
     def done(status: CallStatus, error: str | None) -> None:
-        recorder.end(status, error)
-        gateway.metrics.count_call(status)
+        tracing.call_ended(recorder.end(status, error))
         gateway.admission.leave(meta.session_id, session_over=status == "cancelled")
 
     call = exchange(
@@ -361,9 +403,14 @@ def _routes(app: FastAPI, gateway: Gateway) -> None:
         )
 
     @app.get("/metrics")
-    def metrics() -> Response:
-        """Prometheus metrics."""
-        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics() -> Response:
+        """Prometheus metrics: the gateway's (``agentmars_*``), then the engine's."""
+        await _learn_model_name(gateway)
+        engine = await _engine_metrics(gateway.engine)
+        # On the event loop, as the fold it reads: no other code runs in between.
+        gateway.metrics.collector.engine_up = engine is not None
+        own = generate_latest(gateway.metrics.registry)
+        return Response(own + (engine or b""), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
@@ -423,11 +470,32 @@ def create_gateway_app(
     app.include_router(passthrough_router(lambda: gateway.engine))
     app.include_router(ingest_router(gateway.hub, config.token))
     app.include_router(stream_router(gateway.hub, config.token, lambda: gateway.stopping()))
+    app.include_router(
+        dashboard_router(gateway.operator.snapshot, config.token, lambda: gateway.stopping())
+    )
     install_error_handlers(app)
     app.add_exception_handler(GatewayError, _gateway_error)
     _route_errors(app)
+    _trace_calls(app, config.tracer_provider, gateway.hub)
     app.add_middleware(RequestGuard, max_body_bytes=body_limit)
     return app
+
+
+def _trace_calls(app: FastAPI, given: TracerProvider | None, hub: EventHub) -> None:
+    """Trace the LLM calls and the engine's KV pins (``tracing``) with the given
+    provider, else one of the gateway's own from the environment (shut down with the
+    app), if it asks for one."""
+    routes = [api.path for api in LLM_APIS]
+    if given is not None:
+        app.add_middleware(tracing.CallTracing, tracer_provider=given, routes=routes, hub=hub)
+    elif (own := tracer_provider_from_env(tracing.SERVICE_NAME)) is not None:
+        app.add_middleware(
+            tracing.CallTracing,
+            tracer_provider=own,
+            routes=routes,
+            hub=hub,
+            shutdown=own.shutdown,
+        )
 
 
 def body_limit(path: str) -> int:
@@ -468,6 +536,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--plugin-hints-addr", help="the plugin's AGENTMARS_HINTS_ADDR (events to it)"
     )
+    parser.add_argument(
+        "--model-name", default="", help="the served model's name on /metrics (the engine's)"
+    )
     args = parser.parse_args(argv)
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
@@ -481,6 +552,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         block_size=args.block_size,
         plugin_kv_address=args.plugin_kv_addr,
         plugin_hints_address=args.plugin_hints_addr,
+        model_name=args.model_name,
     )
     try:
         app = create_gateway_app(config)

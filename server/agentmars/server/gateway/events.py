@@ -22,7 +22,7 @@ from fastapi.responses import StreamingResponse
 from agentmars.sdk.auth import UNAUTHORISED, bearer_matches, check_token
 from agentmars.sdk.events import AnyEvent, LLMEnd, LLMFirstToken, LLMSubmit, clock
 from agentmars.server.gateway.call_meta import CallMeta
-from agentmars.server.gateway.llm_apis import CHAT, LLMApi, Usage
+from agentmars.server.gateway.llm_apis import CHAT, Identity, LLMApi, Usage
 from agentmars.server.web.client_watch import ClosingStreamingResponse
 from agentmars.server.web.ingest import EventHub
 
@@ -60,6 +60,7 @@ class CallRecorder:
         self._first_token = False
         self._ended = False
         self._usage = Usage()
+        self._identity = Identity()
         self._finish_reason: str | None = None
         self._tool_call = False
         self._publish(
@@ -91,31 +92,35 @@ class CallRecorder:
             self._publish(LLMFirstToken(ttft_s=ttft, **self.ids, **stamp))
         if (usage := self.api.usage(response)) is not None:
             self._usage = self._usage.updated(usage)
+        self._identity = self._identity.updated(self.api.identity(response))
         if (finish := self.api.finish(response)) is not None:
             self._finish_reason, self._tool_call = finish
 
-    def end(self, status: CallStatus = "ok", error: str | None = None) -> None:
+    def end(self, status: CallStatus = "ok", error: str | None = None) -> LLMEnd | None:
+        """Record the call's end; returns its ``llm_end`` (None: it was recorded)."""
         if self._ended:
-            return
+            return None
         self._ended = True
         stamp = clock()
         prompt, cached = self._usage.prompt, self._usage.cached
         if prompt is None or (cached is not None and cached > prompt):
             cached = None  # an engine's inconsistent figure is dropped, not an event error
-        self._publish(
-            LLMEnd(
-                status=status,
-                error=error,
-                prompt_tokens=prompt,
-                cached_tokens=cached,
-                output_tokens=self._usage.output,
-                finish_reason=self._finish_reason,
-                ended_in_tool_call=self._tool_call,
-                duration_s=self._elapsed_s(stamp["mono_ns"]),
-                **self.ids,
-                **stamp,
-            )
+        ended = LLMEnd(
+            status=status,
+            error=error,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            output_tokens=self._usage.output,
+            finish_reason=self._finish_reason,
+            ended_in_tool_call=self._tool_call,
+            duration_s=self._elapsed_s(stamp["mono_ns"]),
+            response_id=self._identity.response_id,
+            response_model=self._identity.model,
+            **self.ids,
+            **stamp,
         )
+        self._publish(ended)
+        return ended
 
 
 # --- the SSE stream ---------------------------------------------------------------------

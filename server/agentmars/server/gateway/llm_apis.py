@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agentmars.sdk.calls import as_name
 from agentmars.sdk.events import as_count
 from agentmars.sdk.integrations.request import project_prompt_tokens
 
@@ -38,6 +39,24 @@ class Usage:
             cached=self.cached if later.cached is None else later.cached,
             output=self.output if later.output is None else later.output,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """An answer's id (``chatcmpl-...``) and model; None where it gives none."""
+
+    response_id: str | None = None
+    model: str | None = None
+
+    @classmethod
+    def of(cls, carrier: object) -> Identity:
+        """The ``id`` and ``model`` fields of a JSON object, if they are names."""
+        fields = _dict(carrier)
+        return cls(as_name(fields.get("id")), as_name(fields.get("model")))
+
+    def updated(self, later: Identity) -> Identity:
+        """This identity with what a later chunk gives laid over it."""
+        return Identity(later.response_id or self.response_id, later.model or self.model)
 
 
 def _dict(value: object) -> dict[str, Any]:
@@ -98,6 +117,11 @@ class LLMApi:
         """How a whole answer or a stream chunk says the call ended: its reason and
         whether it ended in a tool call (None: it does not say)."""
         raise NotImplementedError
+
+    def identity(self, answer: dict[str, Any]) -> Identity:
+        """The answer's id and the model that produced it, as a whole answer or a
+        stream chunk gives them (the Completions APIs: on the object itself)."""
+        return Identity.of(answer)
 
 
 class Completions(LLMApi):
@@ -188,6 +212,9 @@ class Responses(LLMApi):
     def usage(self, answer: dict[str, Any]) -> Usage | None:
         return _openai_usage(self._response(answer).get("usage"), "input_tokens", "output_tokens")
 
+    def identity(self, answer: dict[str, Any]) -> Identity:
+        return Identity.of(self._response(answer))
+
     def finish(self, answer: dict[str, Any]) -> tuple[str, bool] | None:
         response = self._response(answer)
         if (status := response.get("status")) not in self.ENDED:
@@ -241,6 +268,10 @@ class Messages(LLMApi):
     def finish(self, answer: dict[str, Any]) -> tuple[str, bool] | None:
         reason = answer.get("stop_reason") or _dict(answer.get("delta")).get("stop_reason")
         return (str(reason), reason == "tool_use") if reason else None
+
+    def identity(self, answer: dict[str, Any]) -> Identity:
+        # A stream names the message in its first event, ``message_start``.
+        return Identity.of(answer.get("message", answer))
 
 
 CHAT = ChatCompletions()

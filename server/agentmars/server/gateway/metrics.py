@@ -1,83 +1,100 @@
 """Prometheus ``/metrics`` of the gateway, in a ``CollectorRegistry`` of its own (two
-gateways in one process, as in the tests, do not share figures).
+gateways in one process, as in the tests, do not share figures), read off the
+operator's fold (``operator_state``) at scrape time: the gauges are its snapshot, the
+histograms and counters its own. Every series carries the ``policy`` and ``model_name``
+labels (vLLM's label name for the served model).
 
-Gauges are read at scrape time from the admission and the view; every series has a
-``policy`` label. ``agentmars_window`` is the admission half's window as its newest
-``window_update`` event says, else -1 (the policy has no window: it admits
-everything). KV figures are the view's newest ``kv_stats`` (0 while unknown); the pins
-and their releases by reason only come from the plugin's side channel.
+A figure that is not known has no sample rather than a stand-in value: the admission
+window while the policy has sent none (it has no window), the KV figures while the
+engine has sent none. The pins and their releases by reason only come from the vLLM
+plugin's side channel (the twin's carry no releases).
+
+The engine's own ``/metrics`` (vLLM's ``vllm:*`` series, or the twin's) is appended to
+the gateway's by the route (``app.py``), so one scrape target serves a whole dashboard;
+``agentmars_engine_metrics_up`` says whether it was.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agentmars.sdk.events import AnyEvent, KVStats
-from agentmars.server.gateway.admission import Admission
+from agentmars.server.gateway.operator_state import OperatorState
+from agentmars.server.web.prometheus import by_state, labelled
 
 
 class GatewayCollector(Collector):
-    """Scrape-time gauges of one gateway."""
+    """The gateway's series, from its operator's fold."""
 
-    def __init__(self, admission: Admission) -> None:
-        self.admission = admission
-        self.policy = admission.policy_name
-        self.last_window: int | None = None
-
-    def observe(self, event: AnyEvent) -> None:
-        if event.kind == "window_update":
-            self.last_window = event.window
-
-    def window(self) -> int:
-        return self.last_window if self.last_window is not None else -1
-
-    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
-        gauge = GaugeMetricFamily(name, doc, labels=["policy"])
-        gauge.add_metric([self.policy], value)
-        return gauge
+    def __init__(self, operator: OperatorState) -> None:
+        self.operator = operator
+        self.engine_up = False
+        """The engine's ``/metrics`` was read for the scrape in progress."""
 
     def collect(self) -> Iterator[Metric]:
-        view = self.admission.view
-        kv = view.kv or KVStats(total_blocks=0, free_blocks=0, used_blocks=0)
-        yield self._gauge("agentmars_window", "Admission window (-1: none)", self.window())
-        yield self._gauge(
-            "agentmars_admission_queue",
+        operator = self.operator
+        labels = {"policy": operator.policy, "model_name": operator.model_name}
+        yield from labelled(self._gauges(), labels)
+        yield from labelled(operator.metrics(), labels)
+
+    def _gauges(self) -> Iterator[Metric]:
+        snap = self.operator.snapshot()
+        window = GaugeMetricFamily(
+            "agentmars_admission_window_sessions",
+            "Admission window of the policy (no sample: the policy has no window)",
+        )
+        if snap.window is not None:
+            window.add_metric([], snap.window)
+        yield window
+        yield GaugeMetricFamily(
+            "agentmars_admission_queue_sessions",
             "Sessions waiting for admission",
-            len(self.admission.waiting),
+            snap.admission_queue,
         )
-        yield self._gauge("agentmars_active_sessions", "Admitted sessions", view.active_sessions)
-        yield self._gauge("agentmars_active_tools", "Tool calls running", view.active_tools)
-        yield self._gauge("agentmars_queued_tools", "Tool calls queued", view.queued_tools)
-        yield self._gauge("agentmars_kv_total_blocks", "KV blocks in the pool", kv.total_blocks)
-        yield self._gauge("agentmars_kv_free_blocks", "KV blocks free", kv.free_blocks)
-        yield self._gauge("agentmars_kv_used_blocks", "KV blocks in use", kv.used_blocks)
-        yield self._gauge("agentmars_kv_pinned_blocks", "KV blocks pinned", kv.pinned_blocks)
-        yield self._gauge("agentmars_kv_pins", "Sessions holding pinned KV", kv.pins)
+        yield by_state(
+            "agentmars_sessions",
+            "Open sessions by state (waiting for admission, an LLM call in flight, a tool "
+            "call queued or running, idle between calls)",
+            {},
+            snap.sessions,
+        )
+        yield by_state(
+            "agentmars_kv_blocks",
+            "Engine KV blocks by state (used excludes pinned; they add up to the pool)",
+            {},
+            snap.kv_blocks,
+        )
+        pinned = GaugeMetricFamily("agentmars_kv_pinned_sessions", "Sessions holding pinned KV")
         released = CounterMetricFamily(
-            "agentmars_kv_pins_released", "Pins released, by reason", labels=["policy", "reason"]
+            "agentmars_kv_pins_released", "KV pins released, by reason", labels=["reason"]
         )
-        for reason, count in sorted(kv.released.items()):
-            released.add_metric([self.policy, reason], count)
+        if snap.kv_blocks:  # else the engine has sent no KV figures yet
+            pinned.add_metric([], snap.kv_pinned_sessions)
+            for reason, count in sorted(snap.kv_pins_released.items()):
+                released.add_metric([reason], count)
+        yield pinned
         yield released
+        yield by_state("agentmars_tool_calls", "Tool calls by state", {}, snap.tool_calls)
+        yield by_state(
+            "agentmars_tool_cores",
+            "Cores for tools by state (busy: one a running tool call)",
+            {},
+            snap.tool_cores,
+        )
+        yield GaugeMetricFamily(
+            "agentmars_engine_metrics_up",
+            "1 if the engine's /metrics was read for this scrape and follows",
+            float(self.engine_up),
+        )
 
 
 class GatewayMetrics:
-    """The registry, the scrape-time collector and the call counter."""
+    """The registry and its scrape-time collector."""
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, operator: OperatorState) -> None:
         self.registry = CollectorRegistry()
-        self.collector = GatewayCollector(admission)
+        self.collector = GatewayCollector(operator)
         self.registry.register(self.collector)
-        self.calls = Counter(
-            "agentmars_llm_calls",
-            "LLM calls the gateway forwarded, by outcome",
-            ["policy", "status"],
-            registry=self.registry,
-        )
-
-    def count_call(self, status: str) -> None:
-        self.calls.labels(self.collector.policy, status).inc()

@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from opentelemetry import propagate
 
 from agentmars.sdk.integrations.request import SESSION_HEADER
 from agentmars.server.gateway.call_meta import CallMeta
@@ -36,9 +37,9 @@ from agentmars.server.web.json_body import json_object as read_json_object
 INFO_TIMEOUT_S = 2.0
 """For a whole answer to ``GET /v1/models``, ``/version``, ``/health``: instant on a
 healthy engine, so a hung one is reported within seconds."""
-FORWARDED_HEADERS = ("authorization", "x-request-id")
-"""Client headers the engine may need (its API key, request id); others (host,
-lengths, encodings) belong to the client's own connection."""
+FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate")
+"""Client headers the engine may need (its API key, request id, the caller's trace
+context); others (host, lengths, encodings) belong to the client's own connection."""
 STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 """How a pooled keep-alive connection the engine closed shows when it is reused."""
 BROKEN_ANSWER = (aiohttp.ClientError, TimeoutError)
@@ -118,8 +119,11 @@ class Upstream:
         """The engine's answer to ``GET path``, a route it answers at once (503 unless
         it does within ``INFO_TIMEOUT_S``)."""
         timeout = aiohttp.ClientTimeout(total=INFO_TIMEOUT_S)
+        # identity: the answer goes on without the engine's content-encoding header (a
+        # Prometheus /metrics gzips for a client that accepts it, as aiohttp's does).
+        headers = {"accept-encoding": "identity"}
         try:
-            async with self.session.get(path, timeout=timeout) as response:
+            async with self.session.get(path, timeout=timeout, headers=headers) as response:
                 return Answer(
                     response.status, await response.read(), response.headers.get("content-type")
                 )
@@ -269,8 +273,11 @@ def forwarded_body(body: Mapping[str, Any], meta: CallMeta, turn: int) -> dict[s
 
 
 def forwarded_headers(request: Request, meta: CallMeta | None = None) -> dict[str, str]:
-    """The client's headers the engine gets, and the session of an LLM call's ``meta``."""
+    """The client's headers the engine gets, and the session of an LLM call's ``meta``.
+    When the gateway traces the call (``tracing``), the trace context is its span's,
+    so the engine's spans are the gateway's children; else the caller's goes on."""
     headers = {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k)) is not None}
+    propagate.inject(headers)
     # identity: the relay parses the SSE bytes it passes on, and the client gets the
     # engine's bytes without its content-encoding header.
     headers["accept-encoding"] = "identity"
@@ -307,12 +314,16 @@ class SSEScanner:
     def __init__(self, recorder: CallRecorder) -> None:
         self.recorder = recorder
         self._rest = b""
+        self.answered = False
+        """The stream's ``data: [DONE]`` went by: the answer is whole."""
 
     def feed(self, piece: bytes) -> None:
         *lines, self._rest = (self._rest + piece).split(b"\n")
         for line in lines:
             data = line.strip()
-            if not data.startswith(b"data:") or data == b"data: [DONE]":
+            if data == b"data: [DONE]":
+                self.answered = True
+            if not data.startswith(b"data:") or self.answered:
                 continue
             try:
                 chunk = json.loads(data[5:])
@@ -335,10 +346,14 @@ async def relay(
     error: str | None = None
     try:
         async for piece in response.content.iter_any():
-            yield piece
+            # Read before it goes out: a client may close as soon as it has [DONE]
+            # (the OpenAI client does, without reading the response's end), which
+            # then arrives while this generator waits at the yield.
             scanner.feed(piece)
+            yield piece
     except (asyncio.CancelledError, GeneratorExit):
-        status, error = "cancelled", "the client disconnected"
+        if not scanner.answered:
+            status, error = "cancelled", "the client disconnected"
         raise
     except BROKEN_ANSWER as exc:
         # The status line went out already: say so in the stream, as vLLM does for

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agentmars.sdk.events import AnyEvent, KVStats, LLMEnd, LLMFirstToken, SessionEnd
+from agentmars.sdk.events import (
+    AnyEvent,
+    KVStats,
+    LLMEnd,
+    LLMFirstToken,
+    SessionEnd,
+    ToolStats,
+)
 from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
 
 
@@ -49,9 +56,12 @@ class StreamAdmissionView(FollowsTools):
         return -(-tokens // self.block_size)
 
     def observe(self, event: AnyEvent) -> None:
-        """Follow tool events and keep the newest KV figures."""
+        """Follow tool events, keep the newest KV figures and the tool cores the
+        sandbox says it has (until it says, the host's own guess)."""
         if isinstance(event, KVStats):
             self._kv_seen = event
+        elif isinstance(event, ToolStats) and event.cores is not None:
+            self.tool_cores = event.cores
         self.tools.observe(event)
 
     def runs_tools(self, session_id: str) -> bool:

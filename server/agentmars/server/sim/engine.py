@@ -169,6 +169,7 @@ class SimEngine(KVEngineView, FollowsTools):
             self._count_eviction,
             offload_evicted=engine_half.offload_evicted,
             transfer_time=self.cost.transfer_time,
+            watch=self,
         )
         self.host = HostCPU(self.config.tool_cores, self.config.tool_slots)
         self.tools = ToolActivity()
@@ -374,7 +375,7 @@ class SimEngine(KVEngineView, FollowsTools):
 
     def _end_session(self, session: Session) -> None:
         del self._sessions[session.session_id]
-        self.kv.unpin(session.session_id)
+        self.kv.unpin(session.session_id, "session_end")
         self.kv.release_swapped(session.session_id)
         session.record.end_s = self.now
         self.record.sessions.append(session.record)
@@ -601,6 +602,7 @@ class SimEngine(KVEngineView, FollowsTools):
                 active=self.host.active,
                 queued=self.host.queued,
                 exec_ema_s=dict(self.tools.tool_ema_s),
+                cores=self.config.tool_cores,
                 **self.stamp(),
             )
         )
@@ -658,7 +660,7 @@ class SimEngine(KVEngineView, FollowsTools):
             return
         if any(call.session_id == pin.session_id for call in self.scheduler.waiting):
             return  # its next call is here: the pin goes when that call is admitted
-        self.kv.unpin(pin.session_id)
+        self.kv.unpin(pin.session_id, "expired")
 
     def _on_tick(self, _: None) -> None:
         self._apply(self.engine_half.tick(self))

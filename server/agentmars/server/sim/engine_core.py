@@ -11,7 +11,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentmars.sdk.events import AnyEvent, KVStats, SessionPause, SessionResume
+from agentmars.sdk.events import (
+    AnyEvent,
+    KVPin,
+    KVStats,
+    KVUnpin,
+    ReleaseReason,
+    SessionPause,
+    SessionResume,
+)
 from agentmars.server.policies.interface import KVDecision, Offload, Pin, SessionAction
 from agentmars.server.policies.views import CostEstimator
 from agentmars.server.profiles.cost_model import CostModel
@@ -107,6 +115,7 @@ class KVEngineView:
             free=self.kv.pool.num_free,
             pinned=self.kv.pinned_blocks,
             pins=len(self.kv.pins),
+            released=dict(self.kv.released),
             cpu_total_blocks=self.cpu_total_blocks,
             cpu_free_blocks=self.cpu_free_blocks,
             steps=steps,
@@ -153,10 +162,30 @@ class KVEngineView:
         if offload:
             self.kv.swap_out_pin(session, blocks, self.scheduler.view.now)
             return
-        if self.kv.unpin(session.session_id) is not None:
+        if self.kv.unpin(session.session_id, "policy") is not None:
             # A discarded pin loses what was already swapped of it too, as InferCept's
             # released code frees a discarded sequence's CPU blocks with its GPU ones.
             self.kv.release_swapped(session.session_id)
+
+    def pin_taken(self, pin: PinEntity) -> None:
+        """``PinWatch``: a pin is announced on the stream."""
+        ttl_s = None if pin.expires_s is None else pin.expires_s - pin.pinned_s
+        self.announce(
+            KVPin(session_id=pin.session_id, blocks=pin.blocks, ttl_s=ttl_s, **self.stamp())
+        )
+
+    def pin_released(self, pin: PinEntity, reason: ReleaseReason) -> None:
+        """``PinWatch``: a release is announced on the stream."""
+        held_s = max(self.scheduler.view.now - pin.pinned_s, 0.0)
+        self.announce(
+            KVUnpin(
+                session_id=pin.session_id,
+                blocks=pin.blocks,
+                reason=reason,
+                held_s=held_s,
+                **self.stamp(),
+            )
+        )
 
     def step_duration(self, step: Step, now: float) -> float:
         """How long a step started at ``now`` takes: its compute, after the copies of
@@ -191,7 +220,7 @@ class KVEngineView:
         calls leave the engine, held (with any it sends meanwhile) until it resumes."""
         session.paused = True
         session_id = session.session_id
-        self.kv.unpin(session_id)
+        self.kv.unpin(session_id, "paused")
         for call in list(self.scheduler.running):
             if call.session_id == session_id:
                 self.scheduler.preempt(call, self.scheduler.view.now)

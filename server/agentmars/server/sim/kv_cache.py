@@ -1,14 +1,18 @@
 """Calls' block tables over the block pool, pins, and the CPU tier: the mechanism of
 vLLM V1's ``KVCacheManager`` plus the touch pattern that keeps a finished call's blocks
 for its session (notes/vllm-plugin.md "KV cache internals"). Whether to pin, whom to
-preempt and which pin to drop are the policy's; this module only does it.
+preempt and which pin to drop are the policy's; this module only does it, and tells its
+``PinWatch`` of each pin taken and released (the engines announce them on the stream).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
+from agentmars.sdk.events import ReleaseReason
 from agentmars.server.sim.block_pool import BlockPool, CPUTier
 from agentmars.server.sim.entities import Call, Pin, Session
 
@@ -24,6 +28,13 @@ class Prefix:
     """Blocks after the GPU part found in the CPU tier."""
 
 
+class PinWatch(Protocol):
+    """Who hears of the pins a ``KVCache`` takes and releases."""
+
+    def pin_taken(self, pin: Pin) -> None: ...
+    def pin_released(self, pin: Pin, reason: ReleaseReason) -> None: ...
+
+
 class KVCache:
     def __init__(
         self,
@@ -34,14 +45,18 @@ class KVCache:
         *,
         offload_evicted: bool = False,
         transfer_time: Callable[[int], float] | None = None,
+        watch: PinWatch | None = None,
     ) -> None:
         """``transfer_time(blocks)``: how long a swap-out of that many blocks takes on
         the GPU -> host link (None: swap-outs take no time)."""
         self.block_size = block_size
+        self._watch = watch
         self.cpu = CPUTier(cpu_blocks) if cpu_blocks else None
         self.pool = BlockPool(num_blocks, self._evicted)
         self.pins: dict[str, Pin] = {}
         self.pinned_blocks = 0
+        self.released: Counter[ReleaseReason] = Counter()
+        """Pins released so far, by reason (``kv_stats``' ``released``)."""
         self._on_evict = on_evict
         self._offload_evicted = offload_evicted and self.cpu is not None
         self._owners: dict[str, int] = {}
@@ -183,7 +198,7 @@ class KVCache:
         keep = pin.blocks - min(pin.blocks if blocks is None else blocks, self.cpu.free)
         self.swap_out(session, keep, pin.blocks, now)
         if keep == 0:
-            self.unpin(session.session_id)
+            self.unpin(session.session_id, "policy")
             return
         tail = pin.block_ids[keep:]
         pin.block_ids = pin.block_ids[:keep]
@@ -217,11 +232,17 @@ class KVCache:
         )
         self.pins[pin.session_id] = pin
         self.pinned_blocks += pin.blocks
+        if self._watch is not None:
+            self._watch.pin_taken(pin)
         return pin
 
-    def unpin(self, session_id: str) -> Pin | None:
+    def unpin(self, session_id: str, reason: ReleaseReason) -> Pin | None:
+        """Give the session's pinned blocks back to the pool (None: it had no pin)."""
         pin = self.pins.pop(session_id, None)
         if pin is not None:
             self.pool.free(pin.block_ids)
             self.pinned_blocks -= pin.blocks
+            self.released[reason] += 1
+            if self._watch is not None:
+                self._watch.pin_released(pin, reason)
         return pin

@@ -200,7 +200,7 @@ class Scheduler:
         if not self.kv.admit(call, prefix, tokens):
             return None
         self._count_prefix_hit(call, computed)
-        self.kv.unpin(call.session_id)
+        self.kv.unpin(call.session_id, "next_call")
         self.kv.release_swapped(call.session_id)
         self.waiting.remove(call)
         self.running.append(call)
@@ -234,7 +234,7 @@ class Scheduler:
             return False
         target = self.kv.pool.num_free + missing
         for pin in self.policy.reclaim(pins, missing, self.view):
-            self.kv.unpin(pin.session_id)
+            self.kv.unpin(pin.session_id, "pressure")
             if self.kv.pool.num_free >= target:
                 return True
         return self.kv.pool.num_free >= target

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentmars.server.engines.twin.app import create_live_app
 from agentmars.server.engines.twin.engine import LiveEngine
@@ -30,3 +32,15 @@ def twin_url() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def twin(twin_url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{twin_url}/v1", api_key="unused", max_retries=0)
+
+
+def scrape(client: httpx.Client) -> dict[str, float]:
+    """The twin's ``/metrics`` samples by name, a state's as ``name[state]``."""
+    text = client.get("/metrics").text
+    return {
+        sample.name + (f"[{sample.labels['state']}]" if "state" in sample.labels else ""): (
+            sample.value
+        )
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }

@@ -20,7 +20,6 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from agentmars.sdk.events import ToolEnd, ToolStart
 from agentmars.server.engines.twin.app import call_request, create_live_app
@@ -34,6 +33,7 @@ from agentmars.server.profiles.cost_model import (
     load_profile,
 )
 from agentmars.server.web.serving import serve_in_thread
+from tests.server.engines.twin.conftest import scrape
 
 MODEL = "cpu-tiny"
 TIMER_SLACK_S = 0.03
@@ -70,15 +70,6 @@ def test_the_agent_instance_named_by_the_client_reaches_the_policys_view() -> No
     assert [(call.session_id, call.task_id) for call in engine.waiting] == [
         ("t.0", "T"), ("t.1", "T"), ("x", "x"),
     ]  # fmt: skip
-
-
-def _metrics(client: httpx.Client) -> dict[str, float]:
-    text = client.get("/metrics").text
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def _stream(client: httpx.Client, body: dict[str, Any], session: str | None) -> dict[str, Any]:
@@ -142,7 +133,7 @@ def _session_after_other_traffic(policy: str) -> tuple[dict[str, Any], float]:
         for filler in "bc":
             _stream(client, {"prompt": filler * 11600, "max_tokens": 4}, None)
         again = _stream(client, {"prompt": first + "d" * 400, "max_tokens": 4}, "s")
-        return again, _metrics(client)["vllm:prefix_cache_hits_total"]
+        return again, scrape(client)["vllm:prefix_cache_hits_total"]
 
 
 def test_a_pinned_session_hits_its_prefix_and_starts_sooner_than_a_displaced_one() -> None:
@@ -270,16 +261,16 @@ def test_token_ids_come_back_when_asked_and_extend_the_next_prompt(
 
 def test_a_client_leaving_mid_stream_aborts_the_call_and_frees_its_blocks() -> None:
     with _serve(_profile(), "continuum") as url, httpx.Client(base_url=url) as client:
-        before = _metrics(client)
+        before = scrape(client)
         body = {"model": MODEL, "prompt": "q" * 4000, "max_tokens": 2000, "stream": True}
         with client.stream("POST", "/v1/completions", json=body, headers={"X-Session-ID": "s"}):
             pass  # the status line came: the call runs; leave without reading on
         deadline = time.monotonic() + 5
-        while (after := _metrics(client))["agentmars_sim_requests_aborted_total"] < 1:
+        while (after := scrape(client))["agentmars_sim_requests_aborted_total"] < 1:
             assert time.monotonic() < deadline, after
             time.sleep(0.02)
-    assert after["agentmars_sim_kv_free_blocks"] == before["agentmars_sim_kv_free_blocks"] == 512
-    assert after["agentmars_sim_pins"] == 0
+    assert after["agentmars_sim_kv_blocks[free]"] == before["agentmars_sim_kv_blocks[free]"] == 512
+    assert after["agentmars_sim_kv_pinned_sessions"] == 0
     assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
 
 
@@ -341,10 +332,10 @@ def test_every_policy_serves_concurrent_sessions_without_leaking_blocks(policy: 
     profile = _profile(num_gpu_blocks=20, max_model_len=2048)
     with _serve(profile, policy) as url, httpx.Client(base_url=url) as client:
         assert asyncio.run(_two_turn_sessions(url, 4)) == [100] * 8
-        after = _metrics(client)
+        after = scrape(client)
     assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
     # Every block is free again except what the policy still pins.
-    free, pinned = after["agentmars_sim_kv_free_blocks"], after["agentmars_sim_kv_pinned_blocks"]
+    free, pinned = after["agentmars_sim_kv_blocks[free]"], after["agentmars_sim_kv_blocks[pinned]"]
     assert free + pinned == 20
     assert after["agentmars_sim_evicted_blocks_total"] > 0
 
@@ -353,12 +344,15 @@ def test_a_pin_goes_when_its_ttl_is_up() -> None:
     engine = LiveEngine(_profile(), make_policy("continuum", ttl_s=0.2))
     with serve_in_thread(create_live_app(engine)) as url, httpx.Client(base_url=url) as client:
         _stream(client, {"prompt": "a" * 2000, "max_tokens": 2}, "s")
-        pinned = _metrics(client)
+        pinned = scrape(client)
         time.sleep(0.4)
-        later = _metrics(client)
+        later = scrape(client)
     # 500 tokens + 1 computed output: 3 full blocks pinned for 0.2 s, then released.
-    assert (pinned["agentmars_sim_pins"], pinned["agentmars_sim_kv_pinned_blocks"]) == (1, 3)
-    assert (later["agentmars_sim_pins"], later["agentmars_sim_kv_free_blocks"]) == (0, 512)
+    pins, blocks = "agentmars_sim_kv_pinned_sessions", "agentmars_sim_kv_blocks"
+    assert (pinned[pins], pinned[f"{blocks}[pinned]"]) == (1, 3)
+    assert (later[pins], later[f"{blocks}[free]"]) == (0, 512)
+    # The gateway reads the release in the engine's KV figures, by reason.
+    assert engine.kv_stats().released == {"expired": 1}
 
 
 def test_tool_events_from_elsewhere_reach_the_policy_and_the_view() -> None:
@@ -429,9 +423,9 @@ def test_a_call_that_cannot_grow_preempts_the_newest_and_both_finish() -> None:
 
     with _serve(profile, "fcfs") as url, httpx.Client(base_url=url) as client:
         assert asyncio.run(two_calls(url)) == ["a", "b"]
-        after = _metrics(client)
+        after = scrape(client)
     assert after["vllm:num_preemptions_total"] == 1
-    assert after["agentmars_sim_kv_free_blocks"] == 8
+    assert after["agentmars_sim_kv_blocks[free]"] == 8
     # Prefill: 256 + 256 tokens, then b's context again: 256 + k tokens (1 <= k <= 257
     # generated before the preemption: at most 4 full blocks computed, plus the token
     # sampled last, when both run in lockstep, as a loaded machine can make them) less

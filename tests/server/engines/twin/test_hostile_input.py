@@ -23,6 +23,7 @@ from agentmars.server.policies.registry import make_policy
 from agentmars.server.profiles.cost_model import FittedCost, Profile, load_profile
 from agentmars.server.web.serving import serve_in_thread
 from tests.raw_http import connected, head, response_of, send_chunked_until_answered
+from tests.server.engines.twin.conftest import scrape
 
 LIMIT = 1024
 """The context of the served profile (``max_model_len``)."""
@@ -243,15 +244,6 @@ def test_the_engine_refuses_a_call_its_events_cannot_carry_and_holds_nothing_of_
 # --- a session's calls that overlap or start over ------------------------------------------
 
 
-def _metrics(client: httpx.Client) -> dict[str, float]:
-    figures = {}
-    for line in client.get("/metrics").text.splitlines():
-        if not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            figures[name.split("{")[0]] = float(value)
-    return figures
-
-
 def test_overlapping_calls_of_a_session_hold_no_blocks_after_their_pin() -> None:
     # Two calls of session s at once, both pinned when they finish (Continuum, TTL
     # 0.3 s): the later pin replaces the earlier one, whose blocks are released.
@@ -268,14 +260,15 @@ def test_overlapping_calls_of_a_session_hold_no_blocks_after_their_pin() -> None
 
     with _serve(_profile(), ttl_s=0.3) as url, httpx.Client(base_url=url) as client:
         asyncio.run(overlapping(url))
-        pinned = _metrics(client)
+        pinned = scrape(client)
         time.sleep(0.6)
-        later = _metrics(client)
-    assert pinned["agentmars_sim_pins"] == 1
+        later = scrape(client)
+    assert pinned["agentmars_sim_kv_pinned_sessions"] == 1
     # One pin's blocks only: 600 tokens + 9 computed outputs are 4 full blocks.
-    assert pinned["agentmars_sim_kv_pinned_blocks"] == 4
-    assert (later["agentmars_sim_pins"], later["agentmars_sim_kv_pinned_blocks"]) == (0, 0)
-    assert later["agentmars_sim_kv_free_blocks"] == 512
+    assert pinned["agentmars_sim_kv_blocks[pinned]"] == 4
+    assert later["agentmars_sim_kv_pinned_sessions"] == 0
+    assert later["agentmars_sim_kv_blocks[pinned]"] == 0
+    assert later["agentmars_sim_kv_blocks[free]"] == 512
 
 
 def test_a_session_that_starts_over_on_a_full_cache_is_served() -> None:
@@ -289,7 +282,7 @@ def test_a_session_that_starts_over_on_a_full_cache_is_served() -> None:
     ):
         first = {"prompt": "a" * 4000, "max_tokens": 2, "session_id": "s"}
         assert client.post("/v1/completions", json=first).status_code == 200
-        assert _metrics(client)["agentmars_sim_kv_pinned_blocks"] == 7
+        assert scrape(client)["agentmars_sim_kv_blocks[pinned]"] == 7
         other = {"prompt": "z" * 2400, "max_tokens": 2, "session_id": "s"}
         reply = client.post("/v1/completions", json=other)
         assert reply.status_code == 200, reply.text

@@ -64,6 +64,12 @@ def labelled_total(exposition: str, name: str, **labels: str) -> float:
     return metric_total("\n".join(lines), name)
 
 
+def admitted_sessions(exposition: str) -> float:
+    """The sessions a gateway's ``/metrics`` counts as admitted (all but the waiting)."""
+    states = ("engine", "tool", "idle")
+    return sum(labelled_total(exposition, "agentmars_sessions", state=s) for s in states)
+
+
 def engine_metric(base_url: str, name: str, **labels: str) -> float:
     """The sum of the samples of ``name`` with ``labels`` on ``base_url/metrics``."""
     return labelled_total(httpx.get(f"{base_url}/metrics", timeout=10.0).text, name, **labels)

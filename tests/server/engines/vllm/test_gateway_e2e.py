@@ -39,6 +39,7 @@ from agentmars.server.policies.views import AdmissionView, SessionView
 from agentmars.server.web.serving import free_loopback_port, serve_in_thread
 from tests.server.engines.vllm.helpers import (
     PLUGIN,
+    admitted_sessions,
     blocks,
     engine_metric,
     kv_status,
@@ -294,7 +295,7 @@ def _check_aborted(engine: Engine, client: httpx.Client, finished: float) -> Non
     wait_for_metric(engine.url, "vllm:num_requests_running", 0.0)
     assert engine_metric(engine.url, "vllm:request_success") == finished
     assert blocks(kv_status(engine.status)) == (USABLE_BLOCKS, 0, 0)
-    wait_until(lambda: gateway_metric(client, "agentmars_active_sessions") == 0, "slot freed")
+    wait_until(lambda: admitted_sessions(client.get("/metrics").text) == 0, "slot freed")
     assert gateway_metric(client, "agentmars_llm_calls_total", status="cancelled") == 1
 
 
@@ -371,7 +372,8 @@ class TestGatewayOnVllm:
                 next(line for line in lines if line.startswith("data: {"))
                 b = in_background(client, agent_call("b", random_prompt(50, vocab_size, 22), 4))
                 wait_until(
-                    lambda: gateway_metric(client, "agentmars_admission_queue") == 1, "B waits"
+                    lambda: gateway_metric(client, "agentmars_admission_queue_sessions") == 1,
+                    "B waits",
                 )
                 # vLLM has A's call only: B is held at the gateway, not queued in vLLM.
                 running = engine_metric(engine.url, "vllm:num_requests_running")
@@ -383,7 +385,7 @@ class TestGatewayOnVllm:
             # A runs its tool: not idle, so its place stays taken past the idle timeout.
             time.sleep(idle_s + 0.5)
             assert b.status is None and list(admission.waiting) == ["b"]
-            assert gateway_metric(client, "agentmars_active_sessions") == 1
+            assert gateway_metric(client, "agentmars_sessions", state="tool") == 1
             post_events(client, [SessionEnd(session_id="a")])
             b.join()
             assert b.status == 200

@@ -23,11 +23,11 @@ from agentmars.server.engines.vllm.launch import CPU_BLOCK_SIZE, SERVED_MODEL_NA
 from agentmars.server.engines.vllm.smoke import model_vocab_size, random_prompt
 from tests.server.engines.vllm.helpers import (
     LinkedEngine,
+    admitted_sessions,
     blocks,
     engine_metric,
     eventually,
     kv_status,
-    labelled_total,
     linked_gateway,
     linked_vllm,
     released,
@@ -80,7 +80,7 @@ def _openhands_call(client: httpx.Client, prompt: list[int]) -> dict[str, Any]:
 
 
 def _active_sessions(client: httpx.Client) -> float:
-    return labelled_total(client.get("/metrics").text, "agentmars_active_sessions")
+    return admitted_sessions(client.get("/metrics").text)
 
 
 class TestOpenHandsOnVllm:

@@ -1,5 +1,6 @@
 """``PinTable`` over vLLM's real ``BlockPool`` (in the vLLM environment): expiry in
-TTL order, a replaced pin's old expiry ignored, free blocks back to the baseline."""
+TTL order, a replaced pin's old expiry ignored, free blocks back to the baseline; each
+pin and release announced (``kv_pin`` / ``kv_unpin``)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import pytest
 SCRIPT = textwrap.dedent(
     """
     from vllm.v1.core.block_pool import BlockPool
+    from agentmars.sdk.events import KVPin, KVUnpin
     from agentmars.server.engines.vllm.pins import PinTable
 
     pool = BlockPool(num_gpu_blocks=11, enable_caching=True, hash_block_size=16)
     free = pool.get_num_free_blocks  # 10: block 0 is vLLM's null block
     assert free() == 10
     a, b = pool.get_new_blocks(3), pool.get_new_blocks(2)
-    table = PinTable(pool, 16)
+    events, clock = [], [0.0]
+    table = PinTable(pool, 16, announce=events.append, clock=lambda: clock[0])
     table.pin("a", a, now=0.0, ttl_s=5.0, session_arrival_s=0.0)
     table.pin("b", b, now=1.0, ttl_s=1.0, session_arrival_s=1.0)
     table.pin("c", a[:1], now=1.0, ttl_s=None, session_arrival_s=1.0)
@@ -27,12 +30,24 @@ SCRIPT = textwrap.dedent(
     assert (free(), table.pinned_blocks) == (5, 6)
 
     assert table.release_expired(1.9) == []
+    clock[0] = 2.0
     assert [p.session_id for p in table.release_expired(2.0)] == ["b"]
     assert free() == 7
+    pinned = [(e.session_id, e.blocks, e.ttl_s) for e in events if isinstance(e, KVPin)]
+    assert pinned == [("a", 3, 5.0), ("b", 2, 1.0), ("c", 1, None)]
+    (unpinned,) = [e for e in events if isinstance(e, KVUnpin)]
+    assert (unpinned.session_id, unpinned.blocks, unpinned.reason) == ("b", 2, "expired")
+    assert unpinned.held_s == 1.0 and {e.source for e in events} == {"engine"}
+    events.clear()
 
     # A newer pin of "a" replaces the old one; the old expiry (5.0) must not release it.
+    clock[0] = 3.0
     table.pin("a", a, now=3.0, ttl_s=10.0, session_arrival_s=0.0)
     assert free() == 7
+    # The old pin's release comes first, so a reader never sees two pins of "a".
+    assert [(e.kind, getattr(e, "reason", None), e.blocks) for e in events] == [
+        ("kv_unpin", "replaced", 3), ("kv_pin", None, 3)]
+    assert events[0].held_s == 3.0
     assert table.release_expired(6.0) == []
     assert [p.session_id for p in table.release_expired(13.0)] == ["a"]
     assert (free(), len(table)) == (9, 1)  # "c" has no TTL: it stays until released

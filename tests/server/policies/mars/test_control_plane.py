@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentmars.sdk.events import (
     AnyEvent,
@@ -256,13 +257,22 @@ def test_the_gateway_shows_the_window_in_metrics() -> None:
         upstream_url="http://127.0.0.1:9", token="t", policy="mars", kv_source=FixedKV()
     )
     built = _build_gateway(config, hub, Mars())
-    hub.subscribe(lambda events: [built.metrics.collector.observe(e) for e in events])
-    text = generate_latest(built.metrics.registry).decode()
-    assert 'agentmars_window{policy="mars"} -1.0' in text
+    hub.subscribe(lambda events: [built.operator.observe(e) for e in events])
+
+    def window() -> list[tuple[dict[str, str], float]]:
+        text = generate_latest(built.metrics.registry).decode()
+        families = text_string_to_metric_families(text)
+        return [
+            (sample.labels, sample.value)
+            for family in families
+            if family.name == "agentmars_admission_window_sessions"
+            for sample in family.samples
+        ]
+
+    assert window() == []  # no window until the policy sends one
     # One session of one block waits and the KV is empty: the soft cap lets one in.
     built.admission.half.admit([SessionData("a", 16)], built.admission.view)
-    text = generate_latest(built.metrics.registry).decode()
-    assert 'agentmars_window{policy="mars"} 1.0' in text
+    assert window() == [({"policy": "mars", "model_name": ""}, 1.0)]
 
 
 def test_a_cpu_limit_below_one_session_still_admits_one_when_none_is_active() -> None:

@@ -3,8 +3,9 @@ like vLLM's so the gateway sits in front of it unchanged.
 
 Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streamed as SSE in
 vLLM's chunk format, ending with ``data: [DONE]``, or whole), ``GET /v1/models``,
-``GET /health`` and ``GET /metrics`` (vLLM's names where they mean the same, e.g.
-``vllm:prefix_cache_hits_total``, plus ``agentmars_sim_*`` figures of the block pool).
+``GET /health`` and ``GET /metrics`` (vLLM's series where they mean the same, e.g.
+``vllm:time_to_first_token_seconds``, plus ``agentmars_sim_*`` figures of the block
+pool: ``engines.twin.metrics``).
 
 Session metadata is read where vLLM's plugin reads it (``engines/vllm/views.py``):
 ``vllm_xargs`` (``session_id``, ``turn``, ``follows_tool``, ``expects_tool``,
@@ -49,7 +50,8 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from agentmars.sdk.events import MAX_COUNT
 from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard
@@ -61,6 +63,7 @@ from agentmars.server.engines.twin.engine import (
     LiveError,
     output_limit_error,
 )
+from agentmars.server.engines.twin.metrics import TwinMetrics
 from agentmars.server.engines.twin.replies import (
     Reply,
     echoes,
@@ -496,45 +499,6 @@ async def _whole(
     return JSONResponse(answer.whole(stream))
 
 
-# --- metrics -----------------------------------------------------------------------------
-
-
-def metrics_text(engine: LiveEngine, model: str) -> str:
-    """Prometheus text: vLLM's names where they mean the same, ``agentmars_sim_*`` else."""
-    kv = engine.kv_stats()
-    total, free, used, pinned = kv.total_blocks, kv.free_blocks, kv.used_blocks, kv.pinned_blocks
-    counters = engine.counters
-    label = f'{{model_name="{model}"}}'
-    figures: list[tuple[str, str, float]] = [
-        ("vllm:num_requests_running", "gauge", len(engine.running)),
-        ("vllm:num_requests_waiting", "gauge", len(engine.waiting)),
-        ("vllm:kv_cache_usage_perc", "gauge", used / total),
-        ("vllm:prefix_cache_queries_total", "counter", engine.scheduler.prefix_queries),
-        ("vllm:prefix_cache_hits_total", "counter", engine.scheduler.prefix_hits),
-        ("vllm:num_preemptions_total", "counter", counters.preemptions),
-        ("vllm:generation_tokens_total", "counter", counters.generation_tokens),
-        ("agentmars_sim_prefill_tokens_total", "counter", counters.prompt_tokens),
-        ("agentmars_sim_steps_total", "counter", counters.steps),
-        ("agentmars_sim_requests_finished_total", "counter", counters.finished),
-        ("agentmars_sim_requests_aborted_total", "counter", counters.aborted),
-        ("agentmars_sim_evicted_blocks_total", "counter", counters.evicted_blocks),
-        ("agentmars_sim_kv_total_blocks", "gauge", total),
-        ("agentmars_sim_kv_free_blocks", "gauge", free),
-        ("agentmars_sim_kv_pinned_blocks", "gauge", pinned),
-        ("agentmars_sim_pins", "gauge", len(engine.pins)),
-        ("agentmars_sim_active_tools", "gauge", engine.active_tools),
-        ("agentmars_sim_queued_tools", "gauge", engine.queued_tools),
-    ]
-    lines = []
-    for name, kind, value in figures:
-        family = name.removesuffix("_total") if kind == "counter" else name
-        lines += [f"# TYPE {family} {kind}", f"{name}{label} {float(value)}"]
-    profile = engine.profile
-    info = f'block_size="{profile.block_size}",num_gpu_blocks="{profile.num_gpu_blocks}"'
-    lines += ["# TYPE vllm:cache_config_info gauge", f"vllm:cache_config_info{{{info}}} 1.0"]
-    return "\n".join(lines) + "\n"
-
-
 # --- the app -----------------------------------------------------------------------------
 
 
@@ -542,6 +506,7 @@ def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
     """The API over ``engine``; its lifespan runs the step loop. ``model``: the served
     model id (default: the profile's name)."""
     served = model or engine.profile.name
+    metrics = TwinMetrics(engine, served)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -610,9 +575,9 @@ def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
         return Response(status_code=200)
 
     @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
+    async def prometheus() -> Response:
         """Prometheus metrics of the engine."""
-        return PlainTextResponse(metrics_text(engine, served))
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)

@@ -132,6 +132,8 @@ class CallStream:
         """Then "finished" (all its tokens generated) or "aborted"."""
         self.ends_after = request.ends_after
         self.finish_reason = request.finish_reason
+        self.last_token_s = 0.0
+        """When its latest token came (the engine's clock)."""
         self._queue: asyncio.Queue[bool] = asyncio.Queue()
 
     async def tokens(self) -> AsyncIterator[int]:
@@ -176,6 +178,22 @@ class LiveCounters:
     aborted: int = 0
 
 
+class CallObserver:
+    """Told of each call's tokens as the engine produces them and of its end, with
+    vLLM's definitions of the latencies (``engines.twin.metrics`` turns them into vLLM's
+    histograms); this one ignores them."""
+
+    def first_token(self, call: Call, ttft_s: float) -> None:
+        """The call's prefill is done: its first token came ``ttft_s`` after it did."""
+
+    def next_token(self, call: Call, itl_s: float) -> None:
+        """Another token came, ``itl_s`` after the call's previous one."""
+
+    def finished(self, call: Call, finish_reason: str, e2e_s: float) -> None:
+        """The call generated its last token, ``e2e_s`` after it came (not told of a
+        call aborted, as vLLM counts none)."""
+
+
 def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
@@ -210,6 +228,7 @@ class LiveEngine(KVEngineView, FollowsTools):
             self._count_eviction,
             offload_evicted=half.offload_evicted,
             transfer_time=self.cost.transfer_time,
+            watch=self,
         )
         self.scheduler = Scheduler(
             self.kv,
@@ -220,6 +239,8 @@ class LiveEngine(KVEngineView, FollowsTools):
             load_done_at=self._load_done_at,
         )
         self.counters = LiveCounters()
+        self.observer = CallObserver()
+        """Set by whoever records the calls' latencies (``create_live_app``)."""
         self._t0 = time.monotonic()
         self._sessions: OrderedDict[str, _LiveSession] = OrderedDict()
         self._streams: dict[Call, CallStream] = {}
@@ -350,7 +371,7 @@ class LiveEngine(KVEngineView, FollowsTools):
                 # The context did not grow from the previous prompt: start it over. The
                 # old context's pin can never hit again, and the scheduler never drops
                 # a call's own session's pin to make room for it: drop it now.
-                self.kv.unpin(session_id)
+                self.kv.unpin(session_id, "ended")
                 old = live.session
                 old_task = old.spec.task_id
                 live.session = self._new_session(session_id, old.agent, old_task, old.arrival_s)
@@ -401,7 +422,7 @@ class LiveEngine(KVEngineView, FollowsTools):
             live.session.held.remove(call)
         freed = len(call.blocks)
         self.kv.free(call)
-        self.kv.unpin(call.session_id)
+        self.kv.unpin(call.session_id, "ended")
         self.kv.release_swapped(call.session_id)
         self.counters.aborted += 1
         self._call_over(call, stream, "aborted", freed)
@@ -419,7 +440,7 @@ class LiveEngine(KVEngineView, FollowsTools):
         self.tools.observe(event)
         self.half.on_event(event)
         if event.kind == "session_end":
-            self.kv.unpin(event.session_id)
+            self.kv.unpin(event.session_id, "session_end")
             self.kv.release_swapped(event.session_id)
 
     def _publish(self, event: AnyEvent) -> None:
@@ -480,7 +501,7 @@ class LiveEngine(KVEngineView, FollowsTools):
             # that call is admitted.
             expired = pin.expires_s is not None and pin.expires_s <= now
             if expired and pin.session_id not in waiting:
-                self.kv.unpin(pin.session_id)
+                self.kv.unpin(pin.session_id, "expired")
 
     def _end_step(self, step: Step, duration: float) -> None:
         self.counters.steps += 1
@@ -491,9 +512,15 @@ class LiveEngine(KVEngineView, FollowsTools):
 
     def _add_token(self, call: Call) -> None:
         stream = self._streams[call]
+        now = self.now
         if call.output_tokens == 0:
-            call.record.first_token_s = self.now
-            self._emit(LLMFirstToken, call, ttft_s=max(self.now - call.arrival_s, 0.0))
+            call.record.first_token_s = now
+            ttft = max(now - call.arrival_s, 0.0)
+            self._emit(LLMFirstToken, call, ttft_s=ttft)
+            self.observer.first_token(call, ttft)
+        else:
+            self.observer.next_token(call, now - stream.last_token_s)
+        stream.last_token_s = now
         call.output_tokens += 1
         self.counters.generation_tokens += 1
         stream._push()
@@ -515,11 +542,12 @@ class LiveEngine(KVEngineView, FollowsTools):
         if isinstance(decision, Pin):
             # NOTE: ours — a session's calls may overlap here (never in the simulator):
             # its latest pin replaces an earlier one, whose blocks would else stay held.
-            self.kv.unpin(call.session_id)
+            self.kv.unpin(call.session_id, "replaced")
         freed = len(call.blocks)
         pin = self.keep_or_free(call, decision, self.now)
         freed -= pin.blocks if pin is not None else 0
         self.counters.finished += 1
+        self.observer.finished(call, stream.finish_reason, max(self.now - call.arrival_s, 0.0))
         self._call_over(call, stream, "finished", freed)
 
     def _call_over(self, call: Call, stream: CallStream, status: str, freed: int) -> None:
@@ -600,4 +628,4 @@ class LiveEngine(KVEngineView, FollowsTools):
         for stream in list(self._streams.values()):
             self.abort(stream)
         for session_id in list(self.kv.pins):
-            self.kv.unpin(session_id)
+            self.kv.unpin(session_id, "shutdown")

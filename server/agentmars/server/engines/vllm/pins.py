@@ -6,36 +6,23 @@ A pin takes one extra reference on a finished call's full hashed blocks
 off the free queue and keep their hashes; the session's next call finds them as a
 prefix-cache hit. Releasing a pin gives the reference back (``BlockPool.free_blocks``):
 the blocks return to the LRU tail as ordinary cached blocks. When to pin and which pin
-to drop are the policy's; this module only does it. It imports no vLLM: the blocks
-are vLLM's ``KVCacheBlock`` objects, handled through the pool they came from.
+to drop are the policy's; this module only does it, and says so on the stream
+(``kv_pin`` / ``kv_unpin``; why a pin goes: ``events.ReleaseReason``). It imports no
+vLLM: the blocks are vLLM's ``KVCacheBlock`` objects, handled through the pool they
+came from.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Protocol, get_args
 
-ReleaseReason = Literal[
-    "next_call",
-    "replaced",
-    "expired",
-    "pressure",
-    "ended",
-    "session_end",
-    "policy",
-    "paused",
-    "reset",
-    "shutdown",
-]
-"""Why a pin went: its session's next call got its blocks, a newer pin of the session
-replaced it, its TTL was up, an allocation needed the blocks, its session's call ended
-badly (aborted or failed), the gateway said the session ended (``hints``), the policy's
-``tick`` unpinned it, the policy paused its session, the prefix cache was reset, the
-engine shut down."""
+from agentmars.sdk.events import AnyEvent, KVPin, KVUnpin, ReleaseReason
 
 
 class BlockPoolLike(Protocol):
@@ -67,11 +54,23 @@ class Pin:
 
 
 class PinTable:
-    """The pins of one scheduler, at most one per session."""
+    """The pins of one scheduler, at most one per session. ``announce`` takes a
+    ``kv_pin`` for each pin taken and a ``kv_unpin`` for each released (None: no
+    events); ``clock`` is the clock of the ``now`` given to ``pin`` (vLLM's is the
+    wall clock), for how long a released pin was held."""
 
-    def __init__(self, block_pool: BlockPoolLike, block_size: int) -> None:
+    def __init__(
+        self,
+        block_pool: BlockPoolLike,
+        block_size: int,
+        *,
+        announce: Callable[[AnyEvent], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._pool = block_pool
         self._block_size = block_size
+        self._announce = announce
+        self._clock = clock
         self.pins: dict[str, Pin] = {}
         self.pinned_blocks = 0
         """Blocks the pins hold (a block shared by a running call counts here too)."""
@@ -112,6 +111,10 @@ class PinTable:
         self.pins[session_id] = pin
         self.pinned_blocks += pin.blocks
         self.changed.add(session_id)
+        if self._announce is not None:
+            self._announce(
+                KVPin(session_id=session_id, blocks=pin.blocks, ttl_s=ttl_s, source="engine")
+            )
         if pin.expires_s is not None:
             heapq.heappush(self._expiries, (pin.expires_s, next(self._order), pin))
             if len(self._expiries) > 2 * len(self.pins) + 64:
@@ -132,7 +135,18 @@ class PinTable:
             # is evicted before its head, so a later call still hits the longest prefix.
             self._pool.free_blocks(reversed(pin.held))
             self.pinned_blocks -= pin.blocks
+            if self._announce is not None:
+                self._announce(self._unpinned(pin, reason))
         return pin
+
+    def _unpinned(self, pin: Pin, reason: ReleaseReason) -> KVUnpin:
+        return KVUnpin(
+            session_id=pin.session_id,
+            blocks=pin.blocks,
+            reason=reason,
+            held_s=max(self._clock() - pin.pinned_s, 0.0),
+            source="engine",
+        )
 
     def release_expired(self, now: float) -> list[Pin]:
         """Release the pins whose time is up, earliest expiry first."""

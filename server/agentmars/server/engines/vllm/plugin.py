@@ -21,7 +21,7 @@ changes:
   ``schedule()``), under allocation pressure before any preemption (the policy's
   ``reclaim`` order), when the gateway says the session ended, on
   ``reset_prefix_cache()`` and on ``shutdown()``. An aborted or failed call drops its
-  session's pin.
+  session's pin. Each pin and release is published (``kv_pin`` / ``kv_unpin``).
 - Chunk size: ``_reserve_prefill_lookahead`` caps a prompt's chunk by the policy's
   ``chunk``; for a waiting call whose whole prompt does not fit, it also sets vLLM's
   ``scheduler_reserve_full_isl`` (read by the allocation that follows) from the
@@ -130,7 +130,9 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             )
         config = PluginConfig.from_env(os.environ)
         self.agentmars_policy_name, self.agentmars_policy = config.make_engine_half()
-        self.pin_table = PinTable(self.kv_cache_manager.block_pool, self.block_size)
+        self.pin_table = PinTable(
+            self.kv_cache_manager.block_pool, self.block_size, announce=self._publish
+        )
         self.session_book = SessionBook()
         self.engine_view = SchedulerView(
             self, self.pin_table, self.session_book, costs=config.costs()
@@ -198,7 +200,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
 
     def kv_stats(self) -> KVStats:
         """The block pool now, the pins and their releases by reason
-        (``pins.ReleaseReason``), and the steps so far."""
+        (``events.ReleaseReason``), and the steps so far."""
         pins = self.pin_table
         return KVStats.of_pool(
             total=self.engine_view.total_blocks,

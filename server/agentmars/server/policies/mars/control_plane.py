@@ -7,7 +7,7 @@ tool figures (active and queued tools, durations), and the LLM calls' boundaries
 (their projected and actual KV, for the KV limit; their duration, for the CPU
 limit). Every change of the admission limit it works out at a
 control update is a ``window_update`` event, which the gateway's ``/metrics`` shows
-as ``agentmars_window``.
+as ``agentmars_admission_window_sessions``.
 
 The CPU side of co-scheduling: ``tool_priority`` ranks a session's queued tool calls
 in the sandbox pool as PackQueue ranks sessions. NOTE: ours — seed 000 throttles tools
