@@ -22,13 +22,14 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from agentmars.bench.fidelity import calibrated_profile
 from agentmars.bench.report import progress_bars
 from agentmars.bench.session_mix import (
     EVENTS_PATH,
@@ -66,6 +67,8 @@ from agentmars.server.workloads.reshape import first_turns, fit_context, scale_t
 
 PREDICTED = " (sim)"
 AGENTS = ("replay", "openhands")
+TWIN_PROFILE = "cpu-tiny"
+"""The twin's pacing unless a profile is given."""
 """The agent drivers ``--agents`` names (``ReplayPlan.agents``)."""
 """Suffix of the simulator's prediction of a policy's run in the results."""
 
@@ -160,11 +163,14 @@ def engine_shape(
     cores: str,
     agent_cores: str,
     log_dir: Path,
-    profile: str,
+    profile: str | None,
 ) -> EngineShape:
     """The engine a replay serves on: vLLM CPU with ``vllm_files`` (its python and its
-    model), the twin paced from ``profile`` without them."""
+    model), the twin paced from ``profile`` without them (None: ``TWIN_PROFILE`` for the
+    twin; for vLLM, ``fitted_here_unless_given`` fits one)."""
     python, model = vllm_files
+    if python is None and profile is None:
+        profile = TWIN_PROFILE
     return EngineShape(
         vllm_python=python or Path("unused"),
         model=model or Path("unused"),
@@ -176,6 +182,16 @@ def engine_shape(
         profile=profile,
         twin=python is None,
     )
+
+
+def fitted_here_unless_given(engine: EngineShape) -> EngineShape:
+    """vLLM CPU with no profile given: one fitted to it on this host first (``agentmars
+    calibrate``, as ``bench fidelity`` does), since a CPU engine's step time is its
+    host's and a profile fitted elsewhere predicts another machine (docs/cost-model.md)."""
+    if engine.twin or engine.profile is not None:
+        return engine
+    engine.log_dir.mkdir(parents=True, exist_ok=True)
+    return replace(engine, profile=str(calibrated_profile(engine, engine.log_dir)))
 
 
 def engine_name(engine: EngineShape) -> str:

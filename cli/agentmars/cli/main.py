@@ -286,8 +286,12 @@ def bench_replay(
     ] = "replay",
     num_blocks: Annotated[int, typer.Option(min=1, help="KV blocks of the engine.")] = 48,
     profile: Annotated[
-        str, typer.Option(help="The twin's pacing, the plugin's costs, the prediction's model.")
-    ] = "cpu-tiny",
+        str | None,
+        typer.Option(
+            help="The twin's pacing, the plugin's costs, the prediction's model (default: "
+            "cpu-tiny on the twin; on vLLM, a profile fitted on this host first)."
+        ),
+    ] = None,
     tool_slots: Annotated[int, typer.Option(min=1, help="Tools at once in the sandbox pool.")] = 4,
     cores: Annotated[str, typer.Option(help="CPUs for the engine.")] = "0",
     agent_cores: Annotated[str, typer.Option(help="CPUs for the agents and their tools.")] = "1",
@@ -306,6 +310,7 @@ def bench_replay(
         ReplayBenchError,
         ReplayPlan,
         engine_shape,
+        fitted_here_unless_given,
         publish_output,
         run_with_progress,
     )
@@ -334,7 +339,7 @@ def bench_replay(
             profile=profile,
         )
         stop_on_sigterm()
-        output = run_with_progress(plan, shape, sandbox)
+        output = run_with_progress(plan, fitted_here_unless_given(shape), sandbox)
     except (BenchSetupError, ReplayBenchError, SessionMixError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
