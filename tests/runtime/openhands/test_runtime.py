@@ -202,18 +202,19 @@ async def test_misuse_is_refused_with_a_message(pool: tuple[SandboxPool, MemoryS
 
 
 async def test_tool_spans_join_the_trace_of_the_conversation(
-    pool: tuple[SandboxPool, MemorySink],
+    pool: tuple[SandboxPool, MemorySink], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """OpenHands runs tools in worker threads with the caller's context copied: the
     runtime's tool spans are children of the span current where the conversation runs
     (OpenHands' own tool span when its tracing is on), and the pool's spans of the
     commands they ran are theirs."""
     exporter = InMemorySpanExporter()
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
+    provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    # OpenHands' tracing reads the global provider; set for this test only (the API
+    # allows one per process: its own tests reset it the same way), so later tests'
+    # servers see none.
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
     sandbox, _ = pool
     llm = _script(("terminal", {"command": "true"}), ("terminal", {"command": "false"}))
     runtime = AgentmarsRuntime("http://127.0.0.1:9", sandbox)

@@ -103,6 +103,7 @@ def test_both_schedulers_finish_every_call_with_the_same_tokens(
 
 WAITING_ORDER_PROBE = """
 import json
+import time
 from agentmars.server.engines.vllm import bench_schedule as b
 from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
 
@@ -119,10 +120,10 @@ def order():
     orders.append([r.sampling_params.extra_args["session_id"] for r in scheduler.waiting])
 
 order()
-pins.pin("s002", [], now=0.0, ttl_s=None, session_arrival_s=0.0)
+pins.pin("s002", [], now=time.time(), ttl_s=None, session_arrival_s=0.0)
 order()
 pins.release("s002", "expired")
-pins.pin("s001", [], now=0.0, ttl_s=None, session_arrival_s=0.0)
+pins.pin("s001", [], now=time.time(), ttl_s=None, session_arrival_s=0.0)
 order()
 print(json.dumps(orders))
 """
