@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from agentmars.server.gateway.dashboard import SNAPSHOT_INTERVAL_S, SNAPSHOTS_PATH
+from agentmars.server.gateway.dashboard import MAX_FEEDS, SNAPSHOT_INTERVAL_S, SNAPSHOTS_PATH
 from agentmars.server.gateway.operator_state import OperatorSnapshot
 from tests.server.gateway.conftest import AUTH, MODEL, Gateway
 
@@ -104,3 +104,22 @@ def test_an_open_feed_ends_when_the_gateway_stops(gateway: Gateway, feed: Feed) 
     gateway.app.state.gateway.stopping = lambda: True
     # Looked at every 0.25 s: the feed does not hold up a graceful shutdown.
     assert feed.ended.wait(2) and time.monotonic() - stopped < 1.0
+
+
+def test_feeds_past_the_limit_get_429_until_one_closes(gateway: Gateway) -> None:
+    with httpx.Client(headers=AUTH, timeout=10) as client:
+
+        def open_feed() -> httpx.Response:
+            request = client.build_request("GET", gateway.url + SNAPSHOTS_PATH)
+            return client.send(request, stream=True)
+
+        feeds = [open_feed() for _ in range(MAX_FEEDS)]
+        assert [f.status_code for f in feeds] == [200] * MAX_FEEDS
+        refused = open_feed()
+        assert refused.status_code == 429 and str(MAX_FEEDS) in refused.read().decode()
+        feeds.pop().close()
+        deadline = time.monotonic() + 5
+        while (again := open_feed()).status_code == 429:
+            assert time.monotonic() < deadline, "a closed feed never freed its place"
+        for feed in (*feeds, again):
+            feed.close()

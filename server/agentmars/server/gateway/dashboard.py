@@ -28,13 +28,15 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 
 from agentmars.sdk.auth import UNAUTHORISED, bearer_matches, check_token
-from agentmars.server.gateway.events import STOP_CHECK_S
+from agentmars.server.gateway.events import STOP_CHECK_S, OpenStreams
 from agentmars.server.gateway.operator_state import OperatorSnapshot
 from agentmars.server.web.client_watch import ClosingStreamingResponse
 
 DASHBOARD_PATH = "/dashboard"
 SNAPSHOTS_PATH = "/dashboard/snapshots"
 SNAPSHOT_INTERVAL_S = 1.0
+MAX_FEEDS = 16
+"""Feeds open at once (ours: each takes a snapshot a second; a few people watching)."""
 """How often the feed sends a snapshot (a person watching reads no faster)."""
 STATIC = Path(__file__).with_name("static")
 """The page's files (package data), found beside this module as the project's other
@@ -85,6 +87,7 @@ def dashboard_router(
     /dashboard/snapshots`` (``snapshot()`` as SSE, bearer token)."""
     expected = check_token(token)
     router = APIRouter()
+    feeds = OpenStreams(MAX_FEEDS)
 
     @router.get(DASHBOARD_PATH, summary="The live dashboard (open as /dashboard#token=...)")
     def page() -> Response:
@@ -102,10 +105,13 @@ def dashboard_router(
     async def snapshots(request: Request) -> StreamingResponse:
         if not bearer_matches(request.headers.get("authorization", ""), expected):
             raise HTTPException(401, UNAUTHORISED, headers={"WWW-Authenticate": "Bearer"})
+        if not feeds.open():
+            raise HTTPException(429, f"{MAX_FEEDS} dashboard feeds are open; retry when one ends")
         return ClosingStreamingResponse(
             _snapshots(snapshot, stopping),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store"},
+            on_close=feeds.close,
         )
 
     return router

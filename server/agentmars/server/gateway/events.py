@@ -182,15 +182,17 @@ async def _sse(
         unsubscribe()
 
 
-class _OpenStreams:
-    """How many event streams are open (on the event loop only: no lock)."""
+class OpenStreams:
+    """How many streams of one route are open, at most ``limit`` (on the event loop
+    only: no lock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self.count = 0
 
     def open(self) -> bool:
-        """Count one more stream, unless ``MAX_STREAMS`` are open already."""
-        if self.count >= MAX_STREAMS:
+        """Count one more stream, unless ``limit`` are open already."""
+        if self.count >= self.limit:
             return False
         self.count += 1
         return True
@@ -207,7 +209,7 @@ def stream_router(
     server is shutting down)."""
     expected = check_token(token)
     router = APIRouter()
-    streams = _OpenStreams()
+    streams = OpenStreams(MAX_STREAMS)
 
     @router.get(STREAM_PATH)
     async def event_stream(request: Request) -> StreamingResponse:
