@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import hashlib
 import os
 import signal
@@ -919,11 +920,16 @@ async def test_300_runs_leak_no_descriptors_or_processes(
     backend: ProcessBackend, workspace: Path
 ) -> None:
     assert (await run(backend, workspace, ["true"])).status == "ok"  # warm-up
+    # Collected first: in the whole suite, an earlier test's unreferenced
+    # sockets may be closed by the collector in the middle of the runs, so the
+    # count may fall; a leak is only ever a rise.
+    gc.collect()
     descriptors = len(os.listdir("/proc/self/fd"))
     for _ in range(300):
         result = await run(backend, workspace, ["true"])
         assert result.status == "ok", result
-    assert len(os.listdir("/proc/self/fd")) == descriptors
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= descriptors
     assert children_of_this_process() == []
 
 
