@@ -62,6 +62,15 @@ def test_replay_on_the_twin_measures_each_policy_and_its_prediction(tmp_path: Pa
         assert summary.cpu.active_tools is not None and summary.cpu.active_tools > 0
     measured = [run.summary for run in result.runs if "(sim)" not in run.policy]
     assert {s.engine for s in measured} == {"twin:cpu-tiny"}
+    # The agents do not see evictions: not measured, not 0; the simulator counts them.
+    assert [run.summary.kv.evicted_blocks is None for run in result.runs] == [
+        True, False, True, False
+    ]  # fmt: skip
+    # The pool's cost per call was measured on this host for the prediction: the
+    # sandbox's start, and each kind of tool the workload runs.
+    cost = result.config["tool_cost_s"]
+    assert 0 < cost["start"][1] <= cost["start"][0] + 0.1
+    assert set(cost["by_kind"]) and all(wall > 0 for wall, _ in cost["by_kind"].values())
     assert (out / "index.html").is_file() and (out / "latency_vs_load.png").is_file()
     assert "mars against the others" in done.stdout and "prediction" in done.stdout
     # The engine's own TTFT (its histogram) is part of the agents' one, not more.

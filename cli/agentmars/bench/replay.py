@@ -49,6 +49,8 @@ from agentmars.runtime.replay.agent import (
     WorkloadReplay,
 )
 from agentmars.runtime.replay.records import RunLabels, run_record, workload_as_run
+from agentmars.runtime.replay.repository import write_repository
+from agentmars.runtime.replay.tools import ToolCost, tool_exec
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sdk.emitter import Emitter
 from agentmars.sdk.sinks import MemorySink
@@ -61,16 +63,20 @@ from agentmars.server.metrics.summary import RunSummary, summarize
 from agentmars.server.policies.registry import make_policy
 from agentmars.server.profiles.cost_model import load_profile
 from agentmars.server.sim.engine import SimConfig, SimEngine
-from agentmars.server.workloads.model import Workload
+from agentmars.server.workloads.model import ToolSpec, Workload
 from agentmars.server.workloads.registry import build_workload
-from agentmars.server.workloads.reshape import first_turns, fit_context, scale_tools
+from agentmars.server.workloads.reshape import each_tool, first_turns, fit_context, scale_tools
+from agentmars.server.workloads.tool_kinds import canonical_kind
 
 PREDICTED = " (sim)"
+"""Suffix of the simulator's prediction of a policy's run in the results."""
 AGENTS = ("replay", "openhands")
+"""The agent drivers ``--agents`` names (``ReplayPlan.agents``)."""
 TWIN_PROFILE = "cpu-tiny"
 """The twin's pacing unless a profile is given."""
-"""The agent drivers ``--agents`` names (``ReplayPlan.agents``)."""
-"""Suffix of the simulator's prediction of a policy's run in the results."""
+COST_PROBES = 4
+"""Empty tool calls of each kind run through the sandbox pool before a replay, to
+measure what each call costs the host beyond its work (``tools.ToolCost``)."""
 
 
 class ReplayBenchError(ValueError):
@@ -198,6 +204,55 @@ def engine_name(engine: EngineShape) -> str:
     return f"twin:{engine.profile}" if engine.twin else "vllm-cpu"
 
 
+def measure_tool_cost(
+    sandbox: SandboxShape, agent_cores: str | None, workload: Workload
+) -> ToolCost:
+    """``ToolCost`` on this host: ``COST_PROBES`` empty calls, and as many of each tool
+    kind of ``workload``, one after another in a pool like the replay's (its cores and
+    backend), on a session repository like the replay's."""
+    kinds = sorted(
+        {
+            canonical_kind(turn.tool.kind)
+            for session in workload.sessions
+            for turn in session.turns
+            if turn.tool is not None
+        }
+    )
+
+    async def probe() -> dict[str | None, tuple[float, float]]:
+        with tempfile.TemporaryDirectory(prefix="agentmars-probe-") as root:
+            config = sandbox.config(agent_cores, Path(root) / "workspaces")
+            async with SandboxPool(config) as pool:
+                workspace = await asyncio.to_thread(pool.open_session, "probe")
+                await asyncio.to_thread(write_repository, workspace, 0)
+                costs: dict[str | None, tuple[float, float]] = {}
+                for kind in (None, *kinds):
+                    empty = ToolSpec(kind=kind or "api", wall_s=0.0)
+                    runs = [await _probe_call(pool, empty, turn) for turn in range(COST_PROBES)]
+                    costs[kind] = (
+                        sum(wall for wall, _ in runs) / len(runs),
+                        sum(cpu for _, cpu in runs) / len(runs),
+                    )
+                return costs
+
+    with pinned(agent_cores):
+        costs = asyncio.run(probe())
+    start = costs.pop(None)
+    return ToolCost(start=start, by_kind={kind: cost for kind, cost in costs.items() if kind})
+
+
+async def _probe_call(pool: SandboxPool, tool: ToolSpec, turn: int) -> tuple[float, float]:
+    result = await pool.run("probe", tool_exec(tool, turn))
+    if result.status != "ok":
+        raise ReplayBenchError(
+            f"an empty {tool.kind} call failed in the sandbox pool ({result.status}): "
+            f"{result.detail or result.stderr[-400:]}"
+        )
+    # Where the backend cannot read the CPU time, the call is taken to keep a core busy
+    # (the pool's rule for ``tool_end``).
+    return result.wall_s, result.cpu_s if result.cpu_s is not None else result.wall_s
+
+
 def run_policy(
     engine: EngineShape,
     sandbox: SandboxShape,
@@ -206,9 +261,10 @@ def run_policy(
     on_done: Progress | None = None,
     *,
     agents: str = "replay",
+    tool_cost: ToolCost | None = None,
 ) -> PolicyRun:
     """Serve with ``policy``, replay ``workload`` with ``agents``, stop; its run and the
-    prediction."""
+    prediction (its tools each ``tool_cost`` longer)."""
     with served(engine, policy) as stack:
         before = _counters(stack.engine_url)
         began = time.monotonic()
@@ -233,7 +289,10 @@ def run_policy(
             engine,
             sandbox,
             policy,
-            workload_as_run(workload, record) if agents == "openhands" else workload,
+            each_tool(
+                workload_as_run(workload, record) if agents == "openhands" else workload,
+                (tool_cost or ToolCost()).apply,
+            ),
         ),
         failed=[outcome.error for outcome in run.failed if outcome.error is not None],
         startup_s=stack.startup_s,
@@ -372,8 +431,11 @@ def run_all(
     """Every policy of the plan in turn, each with its prediction."""
     workload = plan.workload_of()
     sandbox.check(engine.agent_cores)
+    tool_cost = measure_tool_cost(sandbox, engine.agent_cores, workload)
     runs = [
-        run_policy(engine, sandbox, policy, workload, on_done, agents=plan.agents)
+        run_policy(
+            engine, sandbox, policy, workload, on_done, agents=plan.agents, tool_cost=tool_cost
+        )
         for policy in plan.policies
     ]
     results = []
@@ -388,6 +450,7 @@ def run_all(
         "engine_cores": engine.cores,
         "agent_cores": engine.agent_cores,
         "tool_slots": sandbox.tool_slots,
+        "tool_cost_s": asdict(tool_cost),
         "failed": {run.policy: run.failed for run in runs if run.failed},
         "engine_ttft_mean_s": {run.policy: run.engine_ttft_s for run in runs},
     }

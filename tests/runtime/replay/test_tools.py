@@ -16,6 +16,7 @@ from agentmars.runtime.replay.tools import (
     PYTHON,
     TIMEOUT_MARGIN_S,
     UNITTEST,
+    ToolCost,
     action,
     tool_exec,
 )
@@ -140,3 +141,19 @@ async def test_a_waiting_tool_lasts_without_using_cpu(pool: SandboxPool) -> None
     assert result.wall_s >= 0.3
     assert result.cpu_s is not None
     assert result.cpu_s < 0.15
+
+
+def test_the_hosts_cost_starts_every_tool_and_an_action_longer_than_the_padding_wins() -> None:
+    # Measured: the sandbox's start 0.05 s (0.04 s of CPU); an empty test run 0.25 s
+    # (0.2 s of CPU: the start and the suite).
+    cost = ToolCost(start=(0.05, 0.04), by_kind={"test": (0.25, 0.2)})
+    # A test run sized 1 s and 1 s of CPU pads past its suite: the start, then its size.
+    long = cost.apply(ToolSpec(kind="test", wall_s=1.0, cpu_s=1.0))
+    assert (long.wall_s, long.cpu_s) == pytest.approx((1.05, 1.04))
+    # Sized 0.1 s, its suite is longer than its size: the suite's figures stand.
+    short = cost.apply(ToolSpec(kind="test", wall_s=0.1, cpu_s=0.1))
+    assert (short.wall_s, short.cpu_s) == pytest.approx((0.25, 0.2))
+    # A kind not measured (a remote API's wait) pays the start only.
+    wait = cost.apply(ToolSpec(kind="api", wall_s=2.0))
+    assert (wait.wall_s, wait.cpu_s) == pytest.approx((2.05, 0.04))
+    assert ToolCost().apply(long) == long

@@ -87,6 +87,8 @@ def run_record(run: ReplayRun, workload: Workload, labels: RunLabels) -> RunReco
         tool_cores=labels.tool_cores,
         prefix_queries=sum(call.prompt_tokens for call in all_calls),
         prefix_hits=sum(call.cached_tokens for call in all_calls),
+        # The agents see no evictions; the engines count them without their times.
+        evictions=None,
         unfinished=unfinished,
     )
 

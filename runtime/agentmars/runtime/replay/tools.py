@@ -12,6 +12,7 @@ host's CPUs see the work the workload describes, on the files of a real reposito
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -70,3 +71,30 @@ def tool_exec(tool: ToolSpec, turn: int, *, scale: float = 1.0) -> ExecSpec:
     if steps := action(tool.kind, turn):
         command += ["--", *steps]
     return ExecSpec(command=command, timeout_s=wall_s + TIMEOUT_MARGIN_S)
+
+
+@dataclass(frozen=True)
+class ToolCost:
+    """What a replayed tool call costs the host beyond the tool's figures, measured on
+    the host (``agentmars bench replay`` runs empty calls through the pool first): the
+    sandbox's start with the padding's interpreter (``start``), and per tool kind an
+    empty call of that kind, its action included (``by_kind``). Each is (wall s, CPU s).
+    The simulator's prediction of a replay applies it to every tool: on a host whose
+    tool cores are near saturation (the demo's one), a tenth of a second per call moves
+    the queueing a lot."""
+
+    start: tuple[float, float] = (0.0, 0.0)
+    by_kind: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def apply(self, tool: ToolSpec) -> ToolSpec:
+        """``tool`` as the host runs it: the start, then the action or the padding to
+        the tool's size, whichever is longer (``pad.py`` counts the action's CPU in the
+        tool's; a tool whose kind was not measured pays the start only)."""
+        start_wall, start_cpu = self.start
+        wall, cpu = self.by_kind.get(canonical_kind(tool.kind), self.start)
+        return tool.model_copy(
+            update={
+                "wall_s": start_wall + max(tool.wall_s, wall - start_wall),
+                "cpu_s": start_cpu + max(tool.cpu_s, cpu - start_cpu),
+            }
+        )

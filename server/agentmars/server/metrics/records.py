@@ -109,9 +109,10 @@ class RunRecord:
     total_blocks: int
     block_size: int
     tool_cores: int
-    evictions: list[tuple[float, int]] = field(default_factory=list)
+    evictions: list[tuple[float, int]] | None = field(default_factory=list)
     """(time, blocks): cached KV blocks removed from the GPU (reallocated to other
-    content, or dropped); seed 000 Fig. 3's "KV block removals"."""
+    content, or dropped); seed 000 Fig. 3's "KV block removals". None: not measured
+    (a real engine's run, whose engine does not report them per block)."""
     kv_samples: list[KVSample] = field(default_factory=list)
     preemptions: int = 0
     prefix_queries: int = 0

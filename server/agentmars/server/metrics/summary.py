@@ -77,8 +77,9 @@ class KVSummary(BaseModel):
 
     model_config = _FROZEN
 
-    evicted_blocks: int
-    """Cached blocks removed from the GPU (seed 000 Fig. 3A's block removals)."""
+    evicted_blocks: int | None
+    """Cached blocks removed from the GPU (seed 000 Fig. 3A's block removals); None
+    when the run did not measure them."""
     eviction_rate_by_progress: list[float]
     """Evicted blocks per second in equal bins of normalized progress (time since the
     first arrival / window); empty when the run has no window."""
@@ -342,7 +343,9 @@ def _kv_summary(
     run: RunRecord, calls: Sequence[CallRecord], window: _Window | None, bins: int
 ) -> KVSummary:
     return KVSummary(
-        evicted_blocks=sum(blocks for _, blocks in run.evictions),
+        evicted_blocks=(
+            None if run.evictions is None else sum(blocks for _, blocks in run.evictions)
+        ),
         eviction_rate_by_progress=_eviction_rate_by_progress(run, window, bins),
         recomputed_tokens=sum(call.recomputed_tokens for call in calls),
         prefix_hit_rate=run.prefix_hits / run.prefix_queries if run.prefix_queries else None,
@@ -354,7 +357,7 @@ def _kv_summary(
 def _eviction_rate_by_progress(run: RunRecord, window: _Window | None, bins: int) -> list[float]:
     """Evicted blocks per second in ``bins`` equal slices of the window (seed 000 Fig.
     3A). A slice is half-open [start, end) except the last, which ends at 1."""
-    if window is None:
+    if window is None or run.evictions is None:
         return []
     blocks = np.zeros(bins)
     for time_s, evicted in run.evictions:

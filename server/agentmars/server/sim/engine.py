@@ -683,6 +683,7 @@ class SimEngine(KVEngineView, FollowsTools):
 
     def _count_eviction(self, blocks: int) -> None:
         evictions = self.record.evictions
+        assert evictions is not None  # the simulator's record times every eviction
         if evictions and evictions[-1][0] == self.now:
             evictions[-1] = (self.now, evictions[-1][1] + blocks)
         else:

@@ -5,6 +5,7 @@ a size that runs in minutes)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from agentmars.server.workloads.model import SessionSpec, ToolSpec, Workload
 
@@ -35,13 +36,16 @@ def scale_tools(workload: Workload, factor: float) -> Workload:
     """Every tool ``factor`` times as long, its CPU time with it (its cores unchanged)."""
     if not (math.isfinite(factor) and factor >= 0):
         raise ValueError(f"the tool scale must be a finite number, 0 or more, not {factor}")
+    return each_tool(workload, lambda tool: _scaled(tool, factor))
+
+
+def each_tool(workload: Workload, change: Callable[[ToolSpec], ToolSpec]) -> Workload:
+    """``workload`` with every tool call ``change``d."""
     sessions = tuple(
         _changed(
             session,
             turns=tuple(
-                turn
-                if turn.tool is None
-                else turn.model_copy(update={"tool": _scaled(turn.tool, factor)})
+                turn if turn.tool is None else turn.model_copy(update={"tool": change(turn.tool)})
                 for turn in session.turns
             ),
         )

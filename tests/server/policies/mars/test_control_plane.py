@@ -146,10 +146,10 @@ def test_the_soft_cap_share_falls_from_its_start_to_the_overload_usage() -> None
 
 def test_the_cpu_limit_is_littles_law_on_the_tool_cpu_share_of_a_session() -> None:
     # Tools take 3 s of a core and LLM calls 1 s: a session keeps a core busy 3/4 of
-    # its time, so 8 cores at 90% hold 8 x 0.9 / 0.75 = 9.6 sessions.
-    assert cpu_limit(3.0, 3.0, 1.0, 8, SETTINGS) == pytest.approx(9.6)
-    # Tools of 3 s that use 1.5 s of CPU: twice as many sessions.
-    assert cpu_limit(1.5, 3.0, 1.0, 8, SETTINGS) == pytest.approx(19.2)
+    # its time, so 8 cores at 90% hold 8 x 0.9 / 0.75 = 9.6 sessions: 10, rounded up.
+    assert cpu_limit(3.0, 3.0, 1.0, 8, SETTINGS) == 10
+    # Tools of 3 s that use 1.5 s of CPU: twice as many sessions (19.2).
+    assert cpu_limit(1.5, 3.0, 1.0, 8, SETTINGS) == 20
     # Tools that wait on a remote API use no core: no CPU limit.
     assert cpu_limit(0.0, 3.0, 1.0, 8, SETTINGS) == math.inf
     assert cpu_limit(None, None, 1.0, 8, SETTINGS) == math.inf
@@ -230,7 +230,7 @@ def test_the_window_follows_the_stream_and_every_change_is_an_event() -> None:
             LLMSubmit(session_id=f"s{i}", call_id="c", projected_prompt_tokens=80, max_tokens=16)
         )
     assert half.working_set == 60
-    # Tools of 3 s against LLM calls of 1 s on 4 cores: W_cpu = 4 x 0.9 / 0.75 = 4.8.
+    # Tools of 3 s against LLM calls of 1 s on 4 cores: W_cpu = 4 x 0.9 / 0.75 = 4.8, 5.
     half.on_event(ToolEnd(session_id="s0", call_id="t", tool="bash", duration_s=3.0))
     half.on_event(
         LLMEnd(session_id="s0", call_id="c", prompt_tokens=80, output_tokens=0, duration_s=1.0)
@@ -239,7 +239,7 @@ def test_the_window_follows_the_stream_and_every_change_is_an_event() -> None:
     assert half.admit(queue[10:], gateway(1.0, 64, active_sessions=10)) == ()
     update = half.events[-1]
     assert isinstance(update, WindowUpdate)
-    assert (update.window, update.previous, update.reason) == (4, first.window, "cpu limit")
+    assert (update.window, update.previous, update.reason) == (5, first.window, "cpu limit")
     # Sessions end: their KV leaves the working set.
     for i in range(10):
         half.on_event(SessionEnd(session_id=f"s{i}"))
@@ -275,19 +275,26 @@ def test_the_gateway_shows_the_window_in_metrics() -> None:
     assert window() == [({"policy": "mars", "model_name": ""}, 1.0)]
 
 
-def test_a_cpu_limit_below_one_session_still_admits_one_when_none_is_active() -> None:
-    # Tools of 3 s using 3 s of CPU against LLM calls of 1 s on one core: W_cpu =
-    # 1 x 0.9 / 0.75 = 1.2; with tools as long as the whole session, 0.9 (below one).
+def test_the_cpu_limit_rounds_up_so_the_tool_cores_are_not_left_idle() -> None:
+    # Tools of 3 s using 3 s of CPU against LLM calls of 1 s on one core: a session
+    # keeps the core busy 3/4 of its time; 1 x 0.9 / 0.75 = 1.2 sessions. One alone
+    # leaves the core idle during its LLM calls, so two are admitted.
+    half = plane()
+    half.on_event(ToolEnd(session_id="s", call_id="t", tool="bash", duration_s=3.0, cpu_time_s=3.0))
+    half.on_event(
+        LLMEnd(session_id="s", call_id="c", prompt_tokens=16, output_tokens=1, duration_s=1.0)
+    )
+    queue = [SessionData("a", 16), SessionData("b", 16), SessionData("c", 16)]
+    assert ids(list(half.admit(queue, gateway(0.0, 64, tool_cores=1)))) == ["a", "b"]
+    assert half.limit == 2
+    # Tools as long as the whole session (LLM calls of no time): 0.9 sessions, still
+    # one, so the core is never left with nothing to run.
+    assert cpu_limit(3.0, 3.0, 0.0, 1, SETTINGS) == 1
     half = plane()
     half.on_event(ToolEnd(session_id="s", call_id="t", tool="bash", duration_s=3.0, cpu_time_s=3.0))
     half.on_event(
         LLMEnd(session_id="s", call_id="c", prompt_tokens=16, output_tokens=1, duration_s=0.0)
     )
-    assert cpu_limit(3.0, 3.0, 0.0, 1, SETTINGS) == pytest.approx(0.9)
-    queue = [SessionData("a", 16), SessionData("b", 16)]
-    view = gateway(0.0, 64, tool_cores=1)
-    # Without the floor the limit (0.9) admits none, and nothing would change it again.
-    assert ids(list(half.admit(queue, view))) == ["a"]
-    assert half.limit == SETTINGS.min_window
+    assert ids(list(half.admit(queue, gateway(0.0, 64, tool_cores=1)))) == ["a"]
     # With one session in flight, the limit holds the second back.
     assert half.admit(queue[1:], gateway(0.1, 64, tool_cores=1, active_sessions=1)) == ()

@@ -163,11 +163,7 @@ class MarsControlPlane(AdmissionHalf):
         )
         share = soft_cap_share(pressure.kv_usage, self.settings)
         w_kv = kv_limit(active, packed_blocks, self.available_blocks(view), share)
-        # At least min_window: a CPU limit below one session (tool cores too few for
-        # even one session's tools) would otherwise admit none while none is active,
-        # and with no tool running nothing ever moves it again (ours: seed 000 leaves
-        # a limit below one open; the engine must not idle with sessions waiting).
-        self.limit = max(min(self.window.raw, w_cpu, w_kv), self.settings.min_window)
+        self.limit = min(self.window.raw, w_cpu, w_kv)
         if updated or self.published is None:
             self._publish_window(view, pressure, w_cpu, w_kv)
         return self.limit

@@ -35,14 +35,20 @@ def cpu_limit(
     tool_cores: int,
     settings: MarsSettings,
 ) -> float:
-    """W_cpu: the sessions whose tool phases keep ``cpu_target_utilization`` of the
-    tool cores busy, each keeping a core busy for cpu / (tool + LLM) of its time (the
-    EMAs of a tool's CPU time and duration, and of an LLM call's duration; inf until
-    they are known, or for tools that use no CPU, e.g. remote APIs)."""
+    """W_cpu: the fewest sessions whose tool phases keep at least
+    ``cpu_target_utilization`` of the tool cores busy, each keeping a core busy for
+    cpu / (tool + LLM) of its time (the EMAs of a tool's CPU time and duration, and
+    of an LLM call's duration; inf until they are known, or for tools that use no CPU,
+    e.g. remote APIs).
+    NOTE: ours — rounded up. Rounded down, a limit between two whole sessions (1.7 on
+    one core) leaves the cores idle for the rest, so the admitted sessions' throughput
+    falls below what the cores can serve and the gateway's queue grows without bound
+    wherever the tools are the bottleneck; a real overload above the target is the
+    AIMD cut's to answer."""
     if not cpu_ema_s or not tool_ema_s or llm_ema_s is None or tool_cores <= 0:
         return math.inf
     share = cpu_ema_s / (tool_ema_s + llm_ema_s)
-    return tool_cores * settings.cpu_target_utilization / share
+    return math.ceil(tool_cores * settings.cpu_target_utilization / share)
 
 
 def soft_cap_share(kv_usage: float | None, settings: MarsSettings) -> float:
