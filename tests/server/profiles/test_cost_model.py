@@ -23,21 +23,29 @@ from agentmars.server.profiles.cost_model import (
     profile_names,
 )
 from agentmars.server.profiles.gpu_profiles import (
+    A100_SXM,
+    GPT_J_6B,
     GPT_OSS_120B,
+    H100_NVL,
     H100_SXM,
+    H200_NVL,
     PUBLISHED_STEPS,
     QWEN3_CODER_30B,
+    SEED001_A100,
     TESTBED_PROFILES,
+    VICUNA_13B,
     PublishedStep,
     VllmDeployment,
     derive_profile,
     kv_bytes_per_token,
     kv_cache_memory_bytes,
     step_model,
+    vllm_batch_defaults,
 )
-from agentmars.server.profiles.hardware import GIB
+from agentmars.server.profiles.hardware import GIB, MIB, GpuSpec
 
 TESTBEDS = sorted(TESTBED_PROFILES)
+SEED000_TESTBEDS = [name for name in TESTBEDS if not name.startswith("a100-")]
 
 
 def fitted_profile(**cost: float) -> Profile:
@@ -86,6 +94,41 @@ def test_gpt_oss_parameters_and_kv_group_match_its_model_card() -> None:
     assert GPT_OSS_120B.checkpoint_bytes / GIB == pytest.approx(60.69, abs=0.01)
     # One block id covers 18 layers (the full-attention group), 2*8*64*2 bytes each.
     assert kv_bytes_per_token(GPT_OSS_120B) == 18 * 2 * 8 * 64 * 2 == 36_864
+
+
+def test_gpt_j_parameters_match_its_model_card() -> None:
+    # Per layer: q/k/v/o 4*4096*4096 = 67,108,864; an ungated MLP (fc_in, fc_out)
+    # 2*4096*16384 = 134,217,728. 28 layers + 2 * 50,400*4096 (untied lm_head).
+    assert GPT_J_6B.expert_params == 2 * 4096 * 16384
+    assert GPT_J_6B.total_params == 28 * (67_108_864 + 134_217_728) + 2 * 50_400 * 4096
+    assert GPT_J_6B.total_params == 6_050_021_376
+    # Model card: 6,053,381,344 (with biases and layer norms).
+    assert GPT_J_6B.total_params == pytest.approx(6_053_381_344, rel=1e-3)
+    # Served in BF16: 12,100,042,752 B = 11.269 GiB.
+    assert GPT_J_6B.checkpoint_bytes == 12_100_042_752
+    # Full multi-head attention: 2 (K, V) * 28 layers * 16 heads * 256 * 2 B.
+    assert kv_bytes_per_token(GPT_J_6B) == 2 * 28 * 16 * 256 * 2 == 458_752
+
+
+def test_vicuna_parameters_are_llama2_13b() -> None:
+    # Per layer: attention 4*5120*5120 = 104,857,600; gated MLP 3*5120*13824 =
+    # 212,336,640. 40 layers + 2 * 32,000*5120.
+    assert VICUNA_13B.total_params == 40 * (104_857_600 + 212_336_640) + 2 * 32_000 * 5120
+    # Llama-2-13B's 13,015,864,320 less its 81 RMSNorm weight vectors of 5120.
+    assert VICUNA_13B.total_params == 13_015_864_320 - 81 * 5120 == 13_015_449_600
+    assert VICUNA_13B.checkpoint_bytes / GIB == pytest.approx(24.243, abs=0.001)
+    assert kv_bytes_per_token(VICUNA_13B) == 2 * 40 * 40 * 128 * 2 == 819_200
+
+
+def test_gated_models_json_is_unchanged_by_the_mlp_field() -> None:
+    # mlp_projections is written only where it is not the gated default (3).
+    for name in [*SEED000_TESTBEDS, "a100-vicuna-13b"]:
+        assert '"mlp_projections"' not in (PROFILE_DIR / f"{name}.json").read_text(), name
+    assert '"mlp_projections": 2' in (PROFILE_DIR / "a100-gptj-6b.json").read_text()
+    for name, spec in (("a100-gptj-6b", GPT_J_6B), ("a100-vicuna-13b", VICUNA_13B)):
+        cost = load_profile(name).cost
+        assert cost.kind == "roofline"
+        assert cost.model == spec
 
 
 # --- KV capacity against vLLM's logs -----------------------------------------------------
@@ -138,7 +181,10 @@ def test_testbed_kv_capacity_is_the_hand_derivation(name: str, kv_tokens: float)
 def test_testbed_limits_are_vllm_defaults_and_fit_one_longest_request() -> None:
     for name in TESTBEDS:
         profile = load_profile(name)
-        assert (profile.max_num_seqs, profile.max_num_batched_tokens) == (1024, 8192)
+        gpu = TESTBED_PROFILES[name][0]
+        limits = (profile.max_num_seqs, profile.max_num_batched_tokens)
+        assert limits == vllm_batch_defaults(gpu)
+        assert limits == ((256, 2048) if gpu is A100_SXM else (1024, 8192)), name
         assert profile.max_model_len <= profile.num_gpu_blocks * profile.block_size
     # 262,144 positions need 24 GiB of KV; an H100 NVL at 0.9 has 21.2 GiB, so the
     # limit is what fits (vLLM would refuse to start at 262,144).
@@ -148,9 +194,108 @@ def test_testbed_limits_are_vllm_defaults_and_fit_one_longest_request() -> None:
 
 
 def test_profile_files_are_what_the_derivation_gives() -> None:
-    for name, (gpu, model) in TESTBED_PROFILES.items():
+    for name, (gpu, model, deployment) in TESTBED_PROFILES.items():
         shipped = PROFILE_DIR / f"{name}.json"
-        assert shipped.read_text() == profile_json(derive_profile(name, gpu, model)), name
+        expected = profile_json(derive_profile(name, gpu, model, deployment))
+        assert shipped.read_text() == expected, name
+
+
+def test_seed000_deployments_are_vllm_defaults() -> None:
+    # Leaving the deployment out picks vLLM's defaults for the GPU.
+    for name in SEED000_TESTBEDS:
+        gpu, model, deployment = TESTBED_PROFILES[name]
+        assert deployment == VllmDeployment()
+        assert derive_profile(name, gpu, model) == load_profile(name)
+
+
+# --- seed 001: A100 80GB, vLLM memory capped at 40 GiB -------------------------------------
+
+
+def test_vllm_batch_defaults_follow_vllm_get_batch_defaults() -> None:
+    # vLLM 0.32.0 EngineArgs.get_batch_defaults, OpenAI server.
+    assert vllm_batch_defaults(H100_NVL) == (1024, 8192)
+    assert vllm_batch_defaults(H200_NVL) == (1024, 8192)  # 139.9 GiB < 160
+    assert vllm_batch_defaults(A100_SXM) == (256, 2048)  # 79.5 GiB, but an A100
+    big = GpuSpec(
+        name="NVIDIA B200",
+        memory_bytes=180 * GIB,
+        hbm_bandwidth_bytes_s=8e12,
+        dense_bf16_flops=2.25e15,
+        host_link_bytes_s=64e9,
+    )
+    assert vllm_batch_defaults(big) == (1024, 16384)
+    small = big.model_copy(update={"name": "NVIDIA L40S", "memory_bytes": 45 * GIB})
+    assert vllm_batch_defaults(small) == (256, 2048)
+
+
+def test_seed001_memory_cap_is_40_gib_of_vllm_budget() -> None:
+    # CUDA sees nvidia-smi's 81920 MiB less 0.467 GiB: 79.533 GiB.
+    assert A100_SXM.memory_bytes / GIB == pytest.approx(81920 * MIB / GIB - 0.467, abs=0.001)
+    budget = SEED001_A100.gpu_memory_utilization * A100_SXM.memory_bytes
+    assert budget == pytest.approx(40 * GIB)
+    assert SEED001_A100.gpu_memory_utilization == pytest.approx(0.5029, abs=1e-4)
+    for name in ("a100-gptj-6b", "a100-vicuna-13b"):
+        assert "memory capped at 40 GiB (gpu_memory_utilization 0.5029)" in (
+            load_profile(name).description
+        )
+
+
+@pytest.mark.parametrize(
+    ("name", "weights", "vocab", "per_token", "blocks"),
+    [
+        # 40 GiB - 12,100,042,752 B of weights - 38.7 B * 256 seqs * 50,400 (0.465 GiB)
+        # - 0.13 GiB = 28.136 GiB of KV; over 16 tokens * 448 KiB = 7 MiB per block.
+        ("a100-gptj-6b", 12_100_042_752, 50_400, 458_752, 4115),
+        # 40 - 24.243 - 0.295 (38.7 * 256 * 32,000 B) - 0.13 = 15.332 GiB; over
+        # 16 * 800 KiB = 12.5 MiB per block.
+        ("a100-vicuna-13b", 26_030_899_200, 32_000, 819_200, 1255),
+    ],
+)
+def test_a100_kv_capacity_is_the_hand_derivation(
+    name: str, weights: int, vocab: int, per_token: int, blocks: int
+) -> None:
+    kv_bytes = 40 * GIB - weights - 38.7 * 256 * vocab - int(0.13 * GIB)
+    assert int(kv_bytes // (16 * per_token)) == blocks
+    profile = load_profile(name)
+    assert profile.block_size == 16
+    assert profile.kv_bytes_per_token == per_token
+    assert profile.num_gpu_blocks == blocks
+    assert profile.cpu_kv_blocks == blocks
+    # PCIe Gen4 x16 (32 GB/s a direction) at 80%.
+    assert profile.cpu_kv_bandwidth_bytes_s == pytest.approx(25.6e9)
+
+
+def test_a100_context_limits_are_the_models() -> None:
+    # Both models' full context fits: GPT-J 2048 of 65,840 tokens, Vicuna 4096 of 20,080.
+    assert load_profile("a100-gptj-6b").max_model_len == 2048
+    assert load_profile("a100-vicuna-13b").max_model_len == 4096
+
+
+def test_a100_vicuna_decode_step_by_hand() -> None:
+    model = CostModel(load_profile("a100-vicuna-13b"))
+    bandwidth = 2.039e12 * 0.8
+    compute = 312e12 * 0.5
+    # One sequence at 2048 tokens: every weight but the input embedding (a row gather)
+    # streamed once (memory-bound), then its KV read once, plus 1.5 ms.
+    weights = (26_030_899_200 - 2 * 32_000 * 5120) / bandwidth
+    linear_flops = 2 * 40 * (104_857_600 + 212_336_640) + 2 * 32_000 * 5120
+    assert weights > linear_flops / compute
+    kv = 2048 * 819_200 / bandwidth
+    assert 2048 * 4 * 40 * 128 * 40 / compute < kv
+    assert model.decode_time(2048, 1) == pytest.approx(0.0015 + weights + kv)
+    # 10 blocks * 16 tokens * 819,200 B over 25.6 GB/s.
+    assert model.transfer_time(10) == pytest.approx(10 * 16 * 819_200 / 25.6e9)
+
+
+def test_a100_prefill_is_compute_bound_at_the_a100_peak() -> None:
+    # One 2048-token GPT-J chunk from scratch: 2048 tokens * 11.27 GFLOP at 156 TFLOP/s
+    # (50% of 312) for the GEMMs, the weights read once in less, attention on top.
+    model = CostModel(load_profile("a100-gptj-6b"))
+    linear = 2048 * 2 * 28 * (67_108_864 + 134_217_728) / (312e12 * 0.5)
+    attention_flops = 4 * 16 * 256 * 28 * chunk_attention(2048, 0)
+    attention_bytes = 458_752 * (chunk_attention(2048, 0) / 128 + 2048)
+    attention = max(attention_flops / (312e12 * 0.5), attention_bytes / (2.039e12 * 0.8))
+    assert model.prefill_time(2048) == pytest.approx(0.0015 + linear + attention)
 
 
 # --- speed against public measurements and physical bounds --------------------------------

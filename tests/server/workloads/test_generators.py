@@ -8,7 +8,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from agentmars.server.workloads.api_calls import INFERCEPT_CLASSES
+from agentmars.server.workloads.api_calls import (
+    INFERCEPT_CLASSES,
+    TOOLBENCH_API,
+    TOOLBENCH_RESPONSE_CAP,
+)
 from agentmars.server.workloads.coding import (
     CLAUDE_CODE_TOOLS,
     OPENHANDS_TOOLS,
@@ -24,7 +28,7 @@ from agentmars.server.workloads.ilr import (
     S_ILR_REGIMES,
 )
 from agentmars.server.workloads.model import SessionSpec, Workload
-from agentmars.server.workloads.sampling import lognormal_mean
+from agentmars.server.workloads.sampling import lognormal_mean, lognormal_params
 from agentmars.server.workloads.task_parallel import AGENT_CLASSES
 from agentmars.server.workloads.tool_kinds import PARALLEL_CORES
 
@@ -223,6 +227,42 @@ def test_infercept_classes_match_seed_001_table_1(workload: Build) -> None:
         assert walls.mean() == pytest.approx(api.duration_s[0], rel=0.10), api.kind
         assert walls.std() == pytest.approx(api.duration_s[1], rel=0.15), api.kind
         assert {t.tool.kind for s in mine for t in s.turns if t.tool} == {api.kind}
+
+
+def test_toolbench_matches_seed_001_table_1(workload: Build) -> None:
+    # 10,000 requests, ~24,500 calls: standard errors of the call count's mean 0.7%
+    # and sd ~1.5%; of the duration's mean 1.2% (a lognormal of coefficient of
+    # variation 1.94) and of its log-space sigma 0.5%. The sample sd of so skewed a
+    # lognormal converges slowly (~7%, skewed up), hence its wider tolerance.
+    sessions = workload("toolbench", 10_000).sessions
+    assert {s.agent for s in sessions} == {"rapidapi"}
+    calls = np.array([len(s.turns) - 1 for s in sessions])
+    assert calls.mean() == pytest.approx(2.45, rel=0.03)
+    assert calls.std() == pytest.approx(1.81, rel=0.05)
+    tools = [t.tool for s in sessions for t in s.turns if t.tool is not None]
+    walls = tool_walls(sessions)
+    assert walls.mean() == pytest.approx(1.72, rel=0.05)
+    assert walls.std() == pytest.approx(3.33, rel=0.15)
+    assert np.log(walls).std() == pytest.approx(lognormal_params(1.72, 3.33)[1], rel=0.03)
+    # a remote RapidAPI call: no host CPU
+    assert {t.kind for t in tools} == {"rapidapi"}
+    assert all(t.cpu_s == 0.0 for t in tools)
+
+
+def test_toolbench_token_sizes_are_the_documented_ones(workload: Build) -> None:
+    # Ours (api_calls docstring): prompts of median 1,400 (interquartile ~1.0K-2.0K),
+    # responses cut at ToolBench's 1,024-character observation (~300 tokens), outputs
+    # of median 80 (lognormal, sigma 0.5: mean 90.6).
+    sessions = workload("toolbench", 10_000).sessions
+    prompts = [s.turns[0].append_tokens for s in sessions]
+    assert np.median(prompts) == pytest.approx(TOOLBENCH_API.prompt_median, rel=0.03)
+    q1, q3 = np.percentile(prompts, [25, 75])
+    assert 900 < q1 < 1_100 and 1_850 < q3 < 2_100
+    responses = [t.append_tokens for s in sessions for t in s.turns[1:]]
+    assert max(responses) == TOOLBENCH_RESPONSE_CAP
+    assert np.median(responses) == pytest.approx(TOOLBENCH_API.response_median, rel=0.03)
+    outputs = [t.output_tokens for s in sessions for t in s.turns]
+    assert np.mean(outputs) == pytest.approx(lognormal_mean(80, 0.5), rel=0.03)
 
 
 def kv_token_time(session: SessionSpec) -> float:

@@ -26,6 +26,7 @@ NAMES = [
     "react",
     "plan-execute",
     "infercept",
+    "toolbench",
     "task-parallel",
 ]
 
@@ -36,6 +37,7 @@ def test_every_generator_is_registered_with_a_one_line_description() -> None:
         description = describe_workload(name)
         assert description and "\n" not in description
     assert "263K" in describe_workload("ilr-4")
+    assert "ToolBench" in describe_workload("toolbench")
 
 
 def test_unknown_names_are_refused_with_the_known_ones() -> None:
@@ -64,10 +66,11 @@ def test_bad_arguments_are_refused(arguments: dict[str, Any], message: str) -> N
         build_workload("react", **{"sessions": 5, "seed": 0, **arguments})
 
 
-def test_a_seed_gives_the_same_workload_and_another_seed_another() -> None:
-    first = build_workload("swe-bench", sessions=50, seed=4, rate=0.5)
-    assert build_workload("swe-bench", sessions=50, seed=4, rate=0.5) == first
-    assert build_workload("swe-bench", sessions=50, seed=5, rate=0.5) != first
+@pytest.mark.parametrize("name", ["swe-bench", "toolbench"])
+def test_a_seed_gives_the_same_workload_and_another_seed_another(name: str) -> None:
+    first = build_workload(name, sessions=50, seed=4, rate=0.5)
+    assert build_workload(name, sessions=50, seed=4, rate=0.5) == first
+    assert build_workload(name, sessions=50, seed=5, rate=0.5) != first
 
 
 def test_the_arrival_process_does_not_change_the_sessions() -> None:

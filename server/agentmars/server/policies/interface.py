@@ -140,6 +140,14 @@ class EngineHalf(_Half):
     queue or the pins change (the vLLM plugin does: sorting at every step is a tenth
     of ``schedule()``); else it asks again at every step."""
 
+    preemptive: ClassVar[bool] = False
+    """Running calls are ranked with the waiting ones by ``priority`` at every step (a
+    policy that re-selects its running batch each iteration, as seed 001's Algorithm
+    1): a waiting call that sorts before a running one and cannot start (no room for
+    it, or the batch is full) displaces the running calls that sort after it, the
+    last-ranked first, until it can. A displaced call is preempted as any other
+    (recomputed, or swapped with ``preempt_by_swap``). False: vLLM's own rule, under
+    which a waiting call never preempts a running one."""
     priority_refresh_s: ClassVar[float | None] = None
     """``priority`` also changes with time, but slowly (e.g. a promotion per tens of
     seconds waited): an engine may keep a waiting call's key as with

@@ -21,6 +21,7 @@ POLICY_MODULES = (
     "agentmars.server.policies.thunderagent",
     "agentmars.server.policies.vtc",
     "agentmars.server.policies.mars",
+    "agentmars.server.policies.mars_api",
 )
 
 _registry: dict[str, type[Policy]] = {}

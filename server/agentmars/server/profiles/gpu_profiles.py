@@ -2,10 +2,12 @@
 
 Seed 000 §6.2's testbeds (one GPU, TP=1): an NVIDIA H100 NVL and an H200 NVL, each
 serving Qwen3-Coder-30B-A3B-Instruct (262K context) or GPT-OSS-120B (131K context)
-on vLLM with its defaults. For each pair this derives what the simulated engine
-needs: KV capacity in blocks (vLLM's own memory arithmetic), the scheduler limits
-(vLLM's defaults for these GPUs) and the roofline cost inputs. docs/cost-model.md
-writes every derivation out with its sources.
+on vLLM with its defaults. Seed 001 §4's testbed: an A100 80GB SXM serving GPT-J 6B or
+Vicuna-13B v1.5 with vLLM's memory capped at 40 GB (its Llama-3-70B on two A100s,
+TP=2, has no profile: the roofline models one GPU, docs/cost-model.md says why). For
+each pair this derives what the simulated engine needs: KV capacity in blocks (vLLM's
+own memory arithmetic), the scheduler limits (vLLM's defaults for that GPU) and the
+roofline cost inputs. docs/cost-model.md writes every derivation out with its sources.
 
 Regenerate the JSON files after changing anything here, and print the derived
 figures the docs quote::
@@ -17,7 +19,7 @@ figures the docs quote::
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agentmars.server.profiles.cost_model import (
@@ -33,9 +35,11 @@ from agentmars.server.profiles.hardware import GIB, MIB, GpuSpec, ModelSpec
 
 # NOTE: CUDA (hence vLLM) sees ~0.47 GiB less than nvidia-smi's total: measured on an
 # H100 80GB, 81559 MiB in nvidia-smi against 79.18 GiB in vLLM's log. Applied to both
-# NVL cards, whose nvidia-smi totals are known.
+# NVL cards and the A100, whose nvidia-smi totals are known (the A100's drops out of
+# its KV capacity: seed 001 caps vLLM's memory at a size, not a fraction).
 CUDA_RESERVED_BYTES = 81559 * MIB - int(79.18 * GIB)
 PCIE_GEN5_X16_BYTES_S = 64e9
+PCIE_GEN4_X16_BYTES_S = 32e9
 
 H100_NVL = GpuSpec(
     name="NVIDIA H100 NVL",
@@ -60,6 +64,15 @@ H100_SXM = GpuSpec(
 )
 """Not a testbed: the GPU of the public vLLM measurements the efficiencies are checked
 against (tests/server/profiles/test_cost_model.py)."""
+A100_SXM = GpuSpec(
+    name="NVIDIA A100-SXM4-80GB",
+    memory_bytes=81920 * MIB - CUDA_RESERVED_BYTES,
+    hbm_bandwidth_bytes_s=2.039e12,
+    dense_bf16_flops=312e12,
+    host_link_bytes_s=PCIE_GEN4_X16_BYTES_S,
+)
+"""Seed 001's GPU (named as CUDA reports it: vLLM's A100 check reads this name). NVLink
+joins its two A100s; a TP=1 engine's KV traffic to the host goes over PCIe."""
 
 QWEN3_CODER_30B = ModelSpec(
     name="Qwen/Qwen3-Coder-30B-A3B-Instruct",
@@ -92,15 +105,49 @@ GPT_OSS_120B = ModelSpec(
     max_position_embeddings=131072,
     expert_weight_bits=4.25,
 )
+GPT_J_6B = ModelSpec(
+    name="EleutherAI/gpt-j-6b",
+    num_hidden_layers=28,
+    hidden_size=4096,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    head_dim=256,
+    vocab_size=50400,
+    tie_word_embeddings=False,
+    moe_intermediate_size=16384,
+    mlp_projections=2,
+    max_position_embeddings=2048,
+)
+"""config.json names: n_layer, n_embd, n_head (head_dim = 4096 / 16), n_inner null
+(= 4 x n_embd, an ungated GELU MLP), n_positions. Rotary on 64 of the 256 dimensions
+(rotary_dim) and the parallel attention/MLP block change no FLOP or byte here."""
+VICUNA_13B = ModelSpec(
+    name="lmsys/vicuna-13b-v1.5",
+    num_hidden_layers=40,
+    hidden_size=5120,
+    num_attention_heads=40,
+    num_key_value_heads=40,
+    head_dim=128,
+    vocab_size=32000,
+    tie_word_embeddings=False,
+    moe_intermediate_size=13824,
+    max_position_embeddings=4096,
+)
+"""Llama-2-13B's architecture (LlamaForCausalLM, fine-tuned)."""
 
 
 @dataclass(frozen=True)
 class VllmDeployment:
-    """vLLM's defaults for the OpenAI server on a GPU with 70 to 160 GiB, not an A100
-    (vLLM 0.32.0 ``EngineArgs.get_batch_defaults`` in vllm/engine/arg_utils.py;
-    ``CacheConfig.DEFAULT_BLOCK_SIZE`` in vllm/config/cache.py, which FlashAttention
-    keeps on Hopper)."""
+    """How vLLM's OpenAI server is run. The defaults are vLLM's on a GPU with 70 to 160
+    GiB, not an A100 (vLLM 0.32.0 ``EngineArgs.get_batch_defaults`` in
+    vllm/engine/arg_utils.py; ``CacheConfig.DEFAULT_BLOCK_SIZE`` in vllm/config/cache.py,
+    which FlashAttention keeps on Hopper and Ampere); ``vllm_deployment`` picks the batch
+    limits for a given GPU."""
 
+    setting: str = "vLLM defaults"
+    """How the profile's description names this deployment."""
+    sources: str = "vllm"
+    """The ``SOURCES`` entry for these settings."""
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     max_num_seqs: int = 1024
@@ -121,9 +168,49 @@ class VllmDeployment:
     """Achieved over theoretical PCIe bandwidth for pinned-memory copies (ours)."""
 
 
+def vllm_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
+    """``(max_num_seqs, max_num_batched_tokens)`` vLLM gives its OpenAI server on ``gpu``
+    (vLLM 0.32.0 ``EngineArgs.get_batch_defaults``): 1024 and 16384 from 160 GiB of
+    memory; 1024 and 8192 from 70 GiB unless the device name says A100 (vLLM PR #17885:
+    the larger budget lowered A100 throughput); 256 and 2048 below. vLLM reads NVML's
+    total (nvidia-smi's) where this reads CUDA's; no card here sits between the two."""
+    if gpu.memory_bytes >= 160 * GIB:
+        return 1024, 16384
+    if gpu.memory_bytes >= 70 * GIB and "a100" not in gpu.name.lower():
+        return 1024, 8192
+    return 256, 2048
+
+
+def vllm_deployment(
+    gpu: GpuSpec, memory_cap_bytes: int | None = None, sources: str = "vllm"
+) -> VllmDeployment:
+    """vLLM's OpenAI server on ``gpu`` with its defaults; with ``memory_cap_bytes``, the
+    ``gpu_memory_utilization`` that gives vLLM that much of the GPU's memory."""
+    seqs, tokens = vllm_batch_defaults(gpu)
+    deployment = VllmDeployment(max_num_seqs=seqs, max_num_batched_tokens=tokens, sources=sources)
+    if memory_cap_bytes is None:
+        return deployment
+    return replace(
+        deployment,
+        setting=f"vLLM defaults, memory capped at {memory_cap_bytes / GIB:g} GiB",
+        gpu_memory_utilization=memory_cap_bytes / gpu.memory_bytes,
+    )
+
+
+# NOTE: seed 001 §4 caps GPU memory at "40 GB" for GPT-J 6B and Vicuna 13B (to match
+# INFERCEPT) without saying how; we read it as vLLM's whole budget (what
+# gpu_memory_utilization sets: weights, activations and KV cache) and as 40 GiB, the
+# unit the paper's "80 GB" A100 is counted in (81920 MiB) and INFERCEPT's vLLM fork
+# calls GB (vllm/config.py: _GB = 1 << 30). gpu_memory_utilization 0.5 (39.77 GiB) or
+# 40e9 bytes (37.25 GiB) would leave Vicuna 1.5% or 18% less KV.
+SEED001_MEMORY_CAP_BYTES = 40 * GIB
+SEED001_A100 = vllm_deployment(A100_SXM, SEED001_MEMORY_CAP_BYTES, sources="vllm-a100")
+
+
 @dataclass(frozen=True)
 class Efficiency:
-    """How close vLLM's kernels get to the roofline for one model on Hopper."""
+    """How close vLLM's kernels get to the roofline for one model (on Hopper; the A100
+    profiles reuse the BF16 figures)."""
 
     linear: float
     attention: float
@@ -136,11 +223,15 @@ class Efficiency:
 # half of peak, weight streaming at 80% of HBM bandwidth; GPT-OSS's MXFP4 experts run
 # as weight-only FP4 (dequantised to BF16, no FP4 tensor cores on Hopper), which the
 # published prefill and decode times put at about 30% of peak and 60% of bandwidth.
+BF16_EFFICIENCY = Efficiency(linear=0.5, attention=0.5, bandwidth=0.8, step_overhead_s=0.0015)
+# NOTE: ours, not checked against any A100 measurement: GPT-J and Vicuna on the A100 are
+# 16-bit dense GEMMs and FlashAttention (FA2 on Ampere), so they get Qwen3-Coder's BF16
+# figures, as fractions of the A100's own peak and bandwidth.
 EFFICIENCY = {
-    QWEN3_CODER_30B.name: Efficiency(
-        linear=0.5, attention=0.5, bandwidth=0.8, step_overhead_s=0.0015
-    ),
+    QWEN3_CODER_30B.name: BF16_EFFICIENCY,
     GPT_OSS_120B.name: Efficiency(linear=0.3, attention=0.35, bandwidth=0.6, step_overhead_s=0.003),
+    GPT_J_6B.name: BF16_EFFICIENCY,
+    VICUNA_13B.name: BF16_EFFICIENCY,
 }
 
 WEIGHT_MEMORY_BYTES = {
@@ -148,6 +239,10 @@ WEIGHT_MEMORY_BYTES = {
     # vLLM's Hopper MXFP4 path re-lays out the experts: "Model loading took 64.38 GiB"
     # (vLLM issue #33155, v0.14.1, Triton backend) against 60.7 GiB of checkpoint.
     GPT_OSS_120B.name: 64.38 * GIB,
+    # GPT-J's checkpoint is float32; vLLM's dtype "auto" serves float32 models in the
+    # platform's first dtype, BF16 on an A100 (vllm/config/model.py _resolve_auto_dtype).
+    GPT_J_6B.name: GPT_J_6B.checkpoint_bytes,
+    VICUNA_13B.name: VICUNA_13B.checkpoint_bytes,
 }
 
 
@@ -183,7 +278,7 @@ def derive_profile(
     name: str, gpu: GpuSpec, model: ModelSpec, deployment: VllmDeployment | None = None
 ) -> Profile:
     """The profile of ``model`` served by vLLM on one ``gpu``."""
-    deployment = deployment or VllmDeployment()
+    deployment = deployment or vllm_deployment(gpu)
     per_token = kv_bytes_per_token(model)
     kv_bytes = kv_cache_memory_bytes(gpu, model, WEIGHT_MEMORY_BYTES[model.name], deployment)
     blocks = int(kv_bytes // (per_token * deployment.block_size))
@@ -192,11 +287,15 @@ def derive_profile(
     return Profile(
         name=name,
         description=(
-            f"{model.name} on one {gpu.name}, vLLM defaults "
-            f"(gpu_memory_utilization {deployment.gpu_memory_utilization}); "
+            f"{model.name} on one {gpu.name}, {deployment.setting} "
+            f"(gpu_memory_utilization {deployment.gpu_memory_utilization:.4g}); "
             "derived in docs/cost-model.md"
         ),
-        sources=[*SOURCES.get(model.name, []), *SOURCES.get(gpu.name, []), *SOURCES["vllm"]],
+        sources=[
+            *SOURCES.get(model.name, []),
+            *SOURCES.get(gpu.name, []),
+            *SOURCES[deployment.sources],
+        ],
         block_size=deployment.block_size,
         num_gpu_blocks=blocks,
         # NOTE: vLLM refuses to start when one max-length request does not fit; the
@@ -245,6 +344,24 @@ SOURCES: dict[str, list[str]] = {
         "gpu: NVIDIA H200 NVL datasheet (141 GB HBM3e, 4.8 TB/s, BF16 1,671 TFLOPS with "
         "sparsity = 835 dense, PCIe Gen5 x16); nvidia-smi total 143771 MiB",
     ],
+    GPT_J_6B.name: [
+        "model: huggingface.co/EleutherAI/gpt-j-6b config.json (n_layer 28, n_embd 4096, "
+        "n_head 16 -> head_dim 256, n_inner null -> 16384 ungated MLP, rotary_dim 64, "
+        "vocab_size 50400 untied, n_positions 2048; float32 checkpoint, served in BF16)",
+        "weights: 6,050,021,376 parameters without norms and biases (model card "
+        "6,053,381,344) x 2 B = 11.27 GiB in GPU memory",
+    ],
+    VICUNA_13B.name: [
+        "model: huggingface.co/lmsys/vicuna-13b-v1.5 config.json (Llama-2-13B: 40 layers, "
+        "hidden 5120, 40 q / 40 kv heads, head_dim 128, intermediate 13824, vocab 32000, "
+        "FP16, 4096 positions)",
+        "weights: 13,015,449,600 parameters without norms (Llama-2-13B: 13,015,864,320) "
+        "x 2 B = 24.24 GiB",
+    ],
+    A100_SXM.name: [
+        "gpu: NVIDIA A100 datasheet, 80GB SXM (80 GB HBM2e, 2,039 GB/s, BF16 312 TFLOPS "
+        "dense, PCIe Gen4 x16 = 32 GB/s a direction); nvidia-smi total 81920 MiB",
+    ],
     "vllm": [
         "vLLM 0.32.0 vllm/engine/arg_utils.py EngineArgs.get_batch_defaults: OpenAI server "
         "on a 70-160 GiB non-A100 GPU -> max_num_batched_tokens 8192, max_num_seqs 1024; "
@@ -256,19 +373,39 @@ SOURCES: dict[str, list[str]] = {
         "(docs/cost-model.md, Validation)",
         "CPU tier 1x GPU KV capacity (seed 003 §6.1); PCIe Gen5 x16 64 GB/s at 80%",
     ],
+    "vllm-a100": [
+        "seed 001 §4: two A100 80GB, GPT-J 6B and Vicuna 13B with GPU memory capped at "
+        "40 GB (read as 40 GiB of vLLM budget: gpu_memory_utilization = 40 GiB / memory), "
+        "one GPU each",
+        "vLLM 0.32.0 vllm/engine/arg_utils.py EngineArgs.get_batch_defaults: OpenAI server "
+        "on an A100 -> max_num_batched_tokens 2048, max_num_seqs 256; "
+        "vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE 16",
+        "KV memory: sampler peak 38.7 B x max_num_seqs x vocab and 0.13 GiB non-torch, "
+        "fitted to vLLM's logs on an H100 (docs/cost-model.md)",
+        "efficiencies: ours, the BF16 figures checked on an H100, not checked on an A100 "
+        "(docs/cost-model.md)",
+        "CPU tier 1x GPU KV capacity (seed 003 §6.1); PCIe Gen4 x16 32 GB/s at 80%",
+    ],
 }
 
-TESTBED_PROFILES = {
-    "h100-qwen3-coder-30b": (H100_NVL, QWEN3_CODER_30B),
-    "h200-qwen3-coder-30b": (H200_NVL, QWEN3_CODER_30B),
-    "h100-gpt-oss-120b": (H100_NVL, GPT_OSS_120B),
-    "h200-gpt-oss-120b": (H200_NVL, GPT_OSS_120B),
+TESTBED_PROFILES: dict[str, tuple[GpuSpec, ModelSpec, VllmDeployment]] = {
+    # Seed 000 §6.2, vLLM's defaults.
+    "h100-qwen3-coder-30b": (H100_NVL, QWEN3_CODER_30B, vllm_deployment(H100_NVL)),
+    "h200-qwen3-coder-30b": (H200_NVL, QWEN3_CODER_30B, vllm_deployment(H200_NVL)),
+    "h100-gpt-oss-120b": (H100_NVL, GPT_OSS_120B, vllm_deployment(H100_NVL)),
+    "h200-gpt-oss-120b": (H200_NVL, GPT_OSS_120B, vllm_deployment(H200_NVL)),
+    # Seed 001 §4, memory capped at 40 GiB.
+    "a100-gptj-6b": (A100_SXM, GPT_J_6B, SEED001_A100),
+    "a100-vicuna-13b": (A100_SXM, VICUNA_13B, SEED001_A100),
 }
 
 
 def testbed_profiles() -> list[Profile]:
-    """The four seed-000 testbed profiles, derived now."""
-    return [derive_profile(name, gpu, model) for name, (gpu, model) in TESTBED_PROFILES.items()]
+    """The testbed profiles (seeds 000 and 001), derived now."""
+    return [
+        derive_profile(name, gpu, model, deployment)
+        for name, (gpu, model, deployment) in TESTBED_PROFILES.items()
+    ]
 
 
 def step_model(gpu: GpuSpec, model: ModelSpec) -> CostModel:
@@ -344,17 +481,22 @@ def write_profiles(directory: Path = PROFILE_DIR) -> list[Path]:
 def report() -> str:
     """The derived figures docs/cost-model.md quotes, as a text table."""
     lines = [
-        "profile | KV blocks | KV tokens | max_model_len | prefill tok/s (8K chunk) | "
-        "decode tok/s at 1 / 64 / 256 seqs (2K context)"
+        "profile | KV blocks | KV tokens | max_model_len | prefill tok/s (one "
+        "max_num_batched_tokens chunk) | decode tok/s at 1 / 64 / 256 seqs (2K context) | "
+        "decode tok/s with the KV cache full of 2K contexts (seqs)"
     ]
     for profile in testbed_profiles():
         model = CostModel(profile)
-        prefill = 8192 / model.prefill_time(8192)
+        chunk = profile.max_num_batched_tokens
+        prefill = chunk / model.prefill_time(chunk)
         decode = [seqs / model.decode_time(2048, seqs) for seqs in (1, 64, 256)]
+        fit = min(profile.max_num_seqs, profile.num_gpu_blocks // -(-2048 // profile.block_size))
         lines.append(
             f"{profile.name} | {profile.num_gpu_blocks} | "
             f"{profile.num_gpu_blocks * profile.block_size} | {profile.max_model_len} | "
-            f"{prefill:,.0f} | " + " / ".join(f"{d:,.0f}" for d in decode)
+            f"{prefill:,.0f} ({chunk}) | "
+            + " / ".join(f"{d:,.0f}" for d in decode)
+            + f" | {fit / model.decode_time(2048, fit):,.0f} ({fit})"
         )
     lines.append("")
     lines.append("published step | measured ms | H100 SXM ms | H100 NVL ms")

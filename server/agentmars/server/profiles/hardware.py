@@ -12,7 +12,16 @@ dense one.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 GIB = 1024**3
 MIB = 1024**2
@@ -51,7 +60,11 @@ class ModelSpec(BaseModel):
     """Routed experts per layer (1 for a dense model)."""
     num_experts_per_tok: int = Field(default=1, gt=0)
     moe_intermediate_size: int = Field(gt=0)
-    """Intermediate size of one expert's gated MLP (the MLP's, for a dense model)."""
+    """Intermediate size of one expert's MLP (the MLP's, for a dense model)."""
+    mlp_projections: int = Field(default=3, ge=2, le=3)
+    """Weight matrices of that MLP: 3 for a gated one (gate, up, down: Qwen3, GPT-OSS,
+    Llama), 2 for a plain one (up, down: GPT-J). Left out of a profile's JSON when 3, so
+    the gated models' files read as they did before the field existed."""
     sliding_window: int | None = Field(default=None, gt=0)
     sliding_window_layers: int = Field(default=0, ge=0)
     """How many layers attend only to the last ``sliding_window`` tokens."""
@@ -72,6 +85,13 @@ class ModelSpec(BaseModel):
             raise ValueError("sliding_window_layers needs a sliding_window")
         return self
 
+    @model_serializer(mode="wrap")
+    def _omit_gated_default(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.mlp_projections == 3:
+            data.pop("mlp_projections", None)
+        return data
+
     # --- parameters ---------------------------------------------------------------------
 
     @property
@@ -86,8 +106,8 @@ class ModelSpec(BaseModel):
 
     @property
     def expert_params(self) -> int:
-        """One expert: gate, up and down projections."""
-        return 3 * self.hidden_size * self.moe_intermediate_size
+        """One expert: its gate (if gated), up and down projections."""
+        return self.mlp_projections * self.hidden_size * self.moe_intermediate_size
 
     @property
     def vocab_params(self) -> int:

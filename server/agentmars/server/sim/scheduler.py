@@ -8,7 +8,8 @@ cannot get blocks makes room by dropping pins (the policy's order) and then by
 preempting running calls (the policy's victim) until it fits or is itself preempted.
 Waiting calls are looked at only in a step without preemptions, in the policy's
 order, and the first one that does not fit stops the pass (head-of-line blocking, as
-in vLLM).
+in vLLM) — unless the policy is preemptive, when it first displaces the running calls
+ranked after it (``EngineHalf.preemptive``).
 """
 
 from __future__ import annotations
@@ -159,18 +160,42 @@ class Scheduler:
             key=lambda item: (self.policy.priority(item[1], self.view), item[1].arrival_s, item[0]),
         )
         for _, call in order:
-            if len(self.running) >= self.max_num_seqs or budget <= 0:
-                return
             if call.ready_s > now:
+                if self._batch_full(budget):
+                    return
                 continue
-            admitted = self._admit(call, now, budget)
-            if admitted is None:
-                return
+            admitted = self._admit_unless_full(call, now, budget)
+            while admitted is None:
+                victim = self._displaced_by(call)
+                if victim is None:
+                    return
+                budget += self._unschedule(step, victim)
+                self.preempt(victim, now, step)
+                admitted = self._admit_unless_full(call, now, budget)
             if admitted:
                 step.admitted.append(call)
                 if call.ready_s <= now:
                     step.batch.append((call, admitted))
                     budget -= admitted
+
+    def _batch_full(self, budget: int) -> bool:
+        return len(self.running) >= self.max_num_seqs or budget <= 0
+
+    def _admit_unless_full(self, call: Call, now: float, budget: int) -> int | None:
+        return None if self._batch_full(budget) else self._admit(call, now, budget)
+
+    def _displaced_by(self, call: Call) -> Call | None:
+        """The running call a preemptive policy's waiting ``call`` displaces: the
+        last-ranked running call, if it ranks after ``call`` (None: none does, or the
+        policy is not preemptive)."""
+        if not self.policy.preemptive or not self.running:
+            return None
+
+        def rank(other: Call) -> tuple[object, float]:
+            return (self.policy.priority(other, self.view), other.arrival_s)
+
+        last = max(self.running, key=rank)
+        return last if rank(call) < rank(last) else None
 
     def _admit(self, call: Call, now: float, budget: int) -> int | None:
         """Move ``call`` from waiting to running with its prefix hit and its first chunk.

@@ -20,7 +20,11 @@ from agentmars.server.workloads.agent_loops import (
     REACT,
     loop_sessions,
 )
-from agentmars.server.workloads.api_calls import LLAMA3_70B_CONTEXT, infercept_sessions
+from agentmars.server.workloads.api_calls import (
+    LLAMA3_70B_CONTEXT,
+    infercept_sessions,
+    toolbench_sessions,
+)
 from agentmars.server.workloads.arrivals import arrive_together, poisson_times
 from agentmars.server.workloads.coding import CLAUDE_CODE, CodingShape, coding_sessions
 from agentmars.server.workloads.errors import WorkloadError
@@ -139,6 +143,13 @@ def _families() -> dict[str, Family]:
             "seed 001 INFERCEPT API mix: Math, QA, VE, Chatbot, Image, TTS calls",
             LLAMA3_70B_CONTEXT,
             one_per_unit(infercept_sessions),
+        ),
+        Family(
+            "toolbench",
+            "seed 001 ToolBench: 2.45 RapidAPI calls per request of 1.72 s mean, ~1.4K-token "
+            "prompts with the API docs",
+            LLAMA3_70B_CONTEXT,
+            one_per_unit(toolbench_sessions),
         ),
         Family(
             "task-parallel",

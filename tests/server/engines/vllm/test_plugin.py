@@ -374,6 +374,7 @@ def test_plugin_import_loads_no_more_of_agentmars_than_it_uses(vllm_python: Path
             "hints",
             "pins",
             "preemption",
+            "displacement",
             "views",
             "paused",
             "ticker",

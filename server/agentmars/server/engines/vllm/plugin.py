@@ -28,6 +28,12 @@ changes:
   policy's ``may_start_partial``, so the call may start on the blocks that fit.
 - Preemption victim: the policy's ``victim`` is put where vLLM's FCFS preemption takes
   it (``preemption``).
+- Displacement (a ``preemptive`` policy only): after the waiting queue is ordered, while
+  the first waiting call vLLM's pass will look at ranks before the last-ranked running
+  call and cannot start now (the batch is full, or the blocks it needs to start are
+  not free once other sessions' pins are dropped), that running call is preempted as
+  vLLM preempts (recomputed), so that vLLM's pass admits the waiting one
+  (``displacement``).
 - Ticks and pauses: a policy's ``tick`` runs at the top of ``schedule()`` when due,
   and from ``ticker`` while the engine idles (under the scheduler's lock, which
   ``schedule``, ``update_from_output``, ``add_request`` and ``finish_requests`` hold);
@@ -68,11 +74,13 @@ from agentmars.server.engines.vllm.plugin_config import (
 check_vllm_version(vllm.__version__)
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # type: ignore[import-not-found]  # noqa: E402
+from vllm.v1.core.sched.interface import PauseState  # type: ignore[import-not-found]  # noqa: E402
 from vllm.v1.core.sched.request_queue import SchedulingPolicy  # type: ignore[import-not-found]  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # type: ignore[import-not-found]  # noqa: E402
 from vllm.v1.request import RequestStatus  # type: ignore[import-not-found]  # noqa: E402
 
 from agentmars.sdk.events import AnyEvent, KVStats, SessionPause, SessionResume  # noqa: E402
+from agentmars.server.engines.vllm.displacement import displace  # noqa: E402
 from agentmars.server.engines.vllm.hints import HintInbox  # noqa: E402
 from agentmars.server.engines.vllm.kv_status import KVStatusPublisher  # noqa: E402
 from agentmars.server.engines.vllm.paused import PausedSessions  # noqa: E402
@@ -166,11 +174,15 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         self._pins_change_keys = not arrival_order and (
             policy.priority_reads_pins_only or bool(policy.priority_refresh_s)
         )
+        self._sort_key = _arrival_key if arrival_order else self._priority_key
         self._waiting_order = WaitingOrder(
-            _arrival_key if arrival_order else self._priority_key,
+            self._sort_key,
             kept=arrival_order or self._pins_change_keys,
             is_waiting=lambda request: request.status in WAITING_STATES,
         )
+        # A preemptive policy's waiting calls may displace running ones (schedule()).
+        self._preemptive = bool(policy.preemptive)
+        self._chunks = policy.chunk is not EngineHalf.chunk
         self._keys_refreshed_s = time.monotonic()
         # A policy that lets a waiting call start on less than its whole prompt says
         # so per call, where vLLM is about to allocate with scheduler_reserve_full_isl.
@@ -230,6 +242,8 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             self._tick_if_due()
             self._forget_changed_keys()
             self._waiting_order.order(self.waiting)
+            if self._preemptive:
+                self._displace_for_waiting()
             output = super().schedule(*args, **kwargs)
             self.steps += output.total_num_scheduled_tokens > 0
             self._step_started[id(output)] = time.monotonic()
@@ -259,6 +273,109 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     def get_num_unfinished_requests(self) -> int:
         # Held requests count: vLLM keeps stepping, so a resume is taken up at once.
         return int(super().get_num_unfinished_requests()) + self._paused.requests
+
+    # --- displacement (EngineHalf.preemptive) -------------------------------------------
+
+    def _displace_for_waiting(self) -> None:
+        """Preempt the running calls ranked after the first waiting call vLLM's pass
+        will look at, the last-ranked first, while that call cannot start (a full
+        batch, or too few free blocks once other sessions' pins are dropped), so that
+        the pass admits it (docs/vllm-plugin.md "Displacement")."""
+        if not (self.running and self.waiting):
+            return
+        if self.kv_holding_waiting or self._pause_state != PauseState.UNPAUSED:
+            # vLLM's pass takes the calls that hold blocks first, or admits none.
+            return
+        head = next((r for r in self.waiting if self._looked_at_first(r)), None)
+        if head is None:
+            return
+        now = time.monotonic()
+        displaced = displace(
+            self._sort_key(head)[1],
+            self.running,
+            rank=lambda request: self._sort_key(request)[1],
+            blocked=lambda: self._cannot_start(head),
+            preempt=lambda request: self._displace(request, now),
+        )
+        if displaced:
+            # vLLM put them at the queue's head: back to their places, after the call.
+            self._waiting_order.order(self.waiting)
+            logger.debug(
+                "agentmars: %s displaced %s",
+                head.request_id,
+                [request.request_id for request in displaced],
+            )
+
+    @staticmethod
+    def _looked_at_first(request: Any) -> bool:
+        """Whether vLLM's pass would try to admit this waiting call rather than skip it
+        (a call blocked on a grammar or a transfer, or one whose stale output is still
+        on its way, is skipped)."""
+        if request.status not in WAITING_STATES:
+            return False
+        return not (request.num_stale_output_tokens and not request.drop_stale_output)
+
+    def _cannot_start(self, request: Any) -> bool:
+        """vLLM's pass would not admit this waiting call now: the batch is full (vLLM's
+        ``max_num_active_reqs``, which is ``--max-num-seqs`` unless set apart), or the
+        blocks it needs to start are not free, even once other sessions' pins are
+        dropped in the policy's ``reclaim`` order (as the pass would drop them)."""
+        seats = len(self.running) + self.num_waiting_for_streaming_input
+        if seats >= self.max_num_active_reqs:
+            return True
+        view = self.engine_view
+        missing = self._blocks_to_start(request) - view.free_blocks
+        if missing <= 0:
+            return False
+        own = session_of(request)
+        pins = [pin for pin in self.pin_table.pins.values() if pin.session_id != own]
+        if not pins:
+            return True
+        for pin in self.agentmars_policy.reclaim(pins, missing, view):
+            self.pin_table.release(pin.session_id, "pressure")
+            if self._blocks_to_start(request) <= view.free_blocks:
+                return False
+        return True
+
+    def _blocks_to_start(self, request: Any) -> int:
+        """The free blocks vLLM's allocation would want for this waiting call to start:
+        its whole prompt (as ``scheduler_reserve_full_isl`` checks) or, when the policy
+        lets it start on less (``_reserve_full``), its first chunk (the whole token
+        budget, capped by the policy's ``chunk``); less the cached blocks of its prefix
+        hit that others hold (a pin among them), plus vLLM's watermark. NOTE: ours —
+        vLLM's count is the same for a model with one full-attention KV group; a chunk
+        here ignores what the running calls take of the token budget first."""
+        view, policy = self.engine_view, self.agentmars_policy
+        groups, hit_tokens, _ = self.kv_cache_manager.get_computed_blocks(request)
+        hit = groups.blocks[0] if groups.blocks else ()
+        # A cached block no one holds is in the free queue: taking it uses a free block.
+        held = sum(1 for block in hit if block.ref_cnt > 0)
+        tokens = min(request.num_tokens, self.max_model_len)
+        needed = view.blocks_for(tokens) - held
+        whole = policy.reserve_full_prompt and not (
+            self._partial_starts
+            and needed > view.free_blocks
+            and policy.may_start_partial(view.call(request), view)
+        )
+        if not whole:
+            chunk = min(tokens - hit_tokens, self.max_num_scheduled_tokens)
+            if self._chunks:
+                fit = view.free_blocks * view.block_size
+                chunk = min(chunk, policy.chunk(view.call(request), chunk, fit, view))
+            if chunk <= 0:
+                return 0  # the policy skips it in this step: nothing to make room for
+            needed = view.blocks_for(hit_tokens + chunk) - held
+        return needed + (self.kv_cache_manager.watermark_blocks if self.running else 0)
+
+    def _displace(self, request: Any, now: float) -> bool:
+        """Preempt a running call as vLLM's own preemption does (its KV is freed and
+        recomputed); False if its blocks cannot be freed now (a connector's deferred
+        free)."""
+        if not self._request_blocks_can_be_freed(request):
+            return False
+        self.running.remove(request)
+        self._preempt_request(request, now, drop_stale_output=self.requires_kv_delivery)
+        return True
 
     # --- ticks and pauses ---------------------------------------------------------------
 
