@@ -30,6 +30,7 @@ class CallData:
     num_computed_tokens: int = 0
     num_preemptions: int = 0
     service_s: float = 0.0
+    cached_tokens: int | None = None
     follows_tool: bool = False
     expects_tool: bool = True
     next_tool: str | None = None
@@ -117,6 +118,8 @@ class EngineData:
     tool_ema_s: Mapping[str, float] = field(default_factory=dict)
     costs: LinearCosts = LinearCosts()
     has_costs: bool = True
+    decode_steps: int = 0
+    decode_time_s: float = 0.0
 
     @property
     def running_growth_blocks(self) -> int:

@@ -45,7 +45,7 @@ from agentmars.server.profiles.gpu_profiles import (
 from agentmars.server.profiles.hardware import GIB, MIB, GpuSpec
 
 TESTBEDS = sorted(TESTBED_PROFILES)
-SEED000_TESTBEDS = [name for name in TESTBEDS if not name.startswith("a100-")]
+SEED000_TESTBEDS = [name for name in TESTBEDS if name.startswith(("h100-", "h200-"))]
 
 
 def fitted_profile(**cost: float) -> Profile:
@@ -184,7 +184,8 @@ def test_testbed_limits_are_vllm_defaults_and_fit_one_longest_request() -> None:
         gpu = TESTBED_PROFILES[name][0]
         limits = (profile.max_num_seqs, profile.max_num_batched_tokens)
         assert limits == vllm_batch_defaults(gpu)
-        assert limits == ((256, 2048) if gpu is A100_SXM else (1024, 8192)), name
+        # Only seed 000's NVL cards have 70 GiB or more and are not A100s.
+        assert limits == ((1024, 8192) if name in SEED000_TESTBEDS else (256, 2048)), name
         assert profile.max_model_len <= profile.num_gpu_blocks * profile.block_size
     # 262,144 positions need 24 GiB of KV; an H100 NVL at 0.9 has 21.2 GiB, so the
     # limit is what fits (vLLM would refuse to start at 262,144).

@@ -128,6 +128,11 @@ class RunRecord:
     computed_tokens: int = 0
     """Tokens whose KV the engine computed, recomputation included (not the ones
     found in a cache or loaded from the CPU tier)."""
+    decode_steps: int = 0
+    """Steps that decoded at least one sequence (the simulator's; 0: not measured)."""
+    decode_time_s: float = 0.0
+    """Their summed durations (with an SM partition, the decode side's):
+    ``decode_time_s / decode_steps`` is the run's step-level TPOT (seed 002 §III-B)."""
     unfinished: list[str] = field(default_factory=list)
     """Ids of the sessions that arrived but had not finished when the run stopped (a
     time limit); the summary counts them, and they fail session-level SLO attainment."""

@@ -150,6 +150,9 @@ class RunSummary(BaseModel):
     """TTFT per turn index, over the sessions that reached that turn (seed 000 Fig. 3B)."""
     tpot_s: Distribution | None
     """Time per output token after the first, over calls with two or more tokens."""
+    step_tpot_s: float | None = None
+    """The run's step-level TPOT (seed 002 §III-B): the engine's decode steps' summed
+    time over their number; None when the engine counted none (a replay's agents)."""
     slo_factor: float
     slo_attainment: float | None
     """Fraction of sessions whose every call met both SLOs; unfinished sessions fail
@@ -209,6 +212,7 @@ def summarize(
         ttft_s=distribution(call.ttft_s for call in calls),
         ttft_by_turn_s=_ttft_by_turn(calls),
         tpot_s=distribution(tpot for call in calls if (tpot := call.tpot_s) is not None),
+        step_tpot_s=run.decode_time_s / run.decode_steps if run.decode_steps else None,
         slo_factor=slo_factor,
         slo_attainment=slo_sessions,
         slo_attainment_calls=slo_calls,

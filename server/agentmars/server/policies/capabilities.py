@@ -30,6 +30,10 @@ class Capability(StrEnum):
     """The engine's KV figures reach the admission half (sampled ``kv_stats``)."""
     AGENT_INSTANCE = "agent-instance"
     """Calls carry the agent instance (task) id of fan-out agents (``CallView.task_id``)."""
+    SM_PARTITION = "sm-partition"
+    """Prefills and decodes run at the same time in partitions of the GPU's SMs
+    (``EngineHalf.decode_sm_share``): the simulator with a profile's SM-share curves;
+    a CPU engine has no SMs."""
 
 
 HOW_TO_PROVIDE = {
@@ -43,6 +47,8 @@ HOW_TO_PROVIDE = {
     Capability.KV_FIGURES: "connect the gateway to the engine's KV figures "
     "(--plugin-kv-addr, or run behind agentmars serve)",
     Capability.AGENT_INSTANCE: "send the task id with each call (vllm_xargs.task_id)",
+    Capability.SM_PARTITION: "use the simulator with a profile that has SM-share curves "
+    "(sm_share_curves, e.g. the consumer-GPU profiles)",
 }
 
 

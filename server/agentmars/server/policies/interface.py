@@ -191,6 +191,21 @@ class EngineHalf(_Half):
         """Periodic actions (see ``tick_interval_s``; needs ``Capability.TICK``)."""
         return ()
 
+    def decode_sm_share(self, view: EngineView) -> float | None:
+        """The share of the GPU's SMs (0 to 1) reserved for decoding from now on, the
+        rest running prefills at the same time (seed 002's Green Contexts;
+        ``Capability.SM_PARTITION``); asked at every step by an engine that provides
+        the partition. None (the default): no partition, prefills and decodes share
+        each step, as stock vLLM's."""
+        return None
+
+    def runs_with_decodes(self, call: CallView, view: EngineView) -> bool:
+        """Whether a call computing prompt tokens runs in the decode partition, with the
+        decodes, rather than in the prefill one; asked only while ``decode_sm_share``
+        gives a share. The default (False) puts every prefill in the prefill
+        partition."""
+        return False
+
 
 class Policy:
     """A registered scheduling policy: its settings and its two halves. Subclasses take

@@ -22,6 +22,7 @@ POLICY_MODULES = (
     "agentmars.server.policies.vtc",
     "agentmars.server.policies.mars",
     "agentmars.server.policies.mars_api",
+    "agentmars.server.policies.agentserve",
 )
 
 _registry: dict[str, type[Policy]] = {}

@@ -65,6 +65,11 @@ class CallView(Protocol):
         """Engine time this call has been part of (the steps it was scheduled in)."""
 
     @property
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens the prefix cache held for the call when the engine first
+        admitted it (None: not admitted yet)."""
+
+    @property
     def follows_tool(self) -> bool: ...
     @property
     def expects_tool(self) -> bool:
@@ -184,6 +189,16 @@ class EngineView(ToolFigures, Protocol):
 
     @property
     def waiting(self) -> Sequence[CallView]: ...
+    @property
+    def decode_steps(self) -> int:
+        """Engine steps that decoded at least one sequence, since the engine started."""
+
+    @property
+    def decode_time_s(self) -> float:
+        """The summed durations of those steps (with an SM partition, the decode
+        partition's): over an interval, its growth over ``decode_steps``' is seed 002's
+        step-level TPOT."""
+
     @property
     def pins(self) -> Sequence[PinView]: ...
     def pin_of(self, session_id: str) -> PinView | None:

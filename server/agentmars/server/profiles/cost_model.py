@@ -23,18 +23,32 @@ the profile:
   (``agentmars calibrate``): ``c0 + c1*prefill_tokens + c2*prefill_attention +
   c3*decode_seqs + c4*decode_context``.
 
+A profile may also carry throughput-versus-SM-share curves (``Profile.sm_share_curves``,
+seed 002's Fig. 3): how fast each phase runs on a fraction of the GPU's SMs, relative
+to the whole GPU (``Profile.sm_throughput``). The consumer-GPU profiles have them,
+modelled from the same roofline (gpu_profiles.py); the others do not.
+
 docs/cost-model.md derives each profile and states the limits.
 """
 
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from agentmars.server.profiles.hardware import GpuSpec, ModelSpec
 
@@ -127,6 +141,42 @@ class EngineLimits(BaseModel):
         return self
 
 
+SM_PHASES = ("decode", "cold_prefill", "resume_prefill")
+"""The phases an SM-share curve is given for (seed 002's three kinds of work)."""
+
+SmShareCurve = tuple[tuple[float, float], ...]
+"""Points ``(SM share, normalized throughput)``, shares increasing, the last (1, 1)."""
+
+
+def check_sm_share_curves(curves: dict[str, SmShareCurve]) -> None:
+    """Raise ValueError unless ``curves`` is empty or one valid curve per phase."""
+    if not curves:
+        return
+    if set(curves) != set(SM_PHASES):
+        raise ValueError(
+            f"sm_share_curves must give exactly the phases {', '.join(SM_PHASES)} "
+            f"(got {', '.join(sorted(curves))})"
+        )
+    for phase, points in curves.items():
+        if not points:
+            raise ValueError(f"sm_share_curves.{phase}: no points")
+        previous_share, previous_value = 0.0, 0.0
+        for share, value in points:
+            if not (previous_share < share <= 1.0):
+                raise ValueError(
+                    f"sm_share_curves.{phase}: shares must increase within (0, 1] "
+                    f"(got {share} after {previous_share})"
+                )
+            if not (previous_value <= value <= 1.0) or value <= 0.0:
+                raise ValueError(
+                    f"sm_share_curves.{phase}: throughputs must be in (0, 1] and "
+                    f"non-decreasing (got {value} after {previous_value})"
+                )
+            previous_share, previous_value = share, value
+        if points[-1] != (1.0, 1.0):
+            raise ValueError(f"sm_share_curves.{phase}: the last point must be (1.0, 1.0)")
+
+
 class Profile(EngineLimits):
     """An engine configuration and its step-time model: one JSON file per profile."""
 
@@ -143,6 +193,46 @@ class Profile(EngineLimits):
     """What a request costs before the engine schedules it (the API server's
     handling): fitted by ``agentmars calibrate``, 0 for the derived GPU profiles,
     whose sources do not give it."""
+    sm_share_curves: dict[str, SmShareCurve] = Field(default_factory=dict)
+    """Throughput versus SM share per phase (``SM_PHASES``): points ``(share,
+    throughput at that share / throughput on the whole GPU)``, through (0, 0) implied,
+    the last (1, 1), non-decreasing (seed 002 Assumption 1). Empty when the profile
+    has none, and then left out of its JSON (the files without curves read as they
+    did before the field existed); modelled, not measured (docs/cost-model.md)."""
+
+    @model_validator(mode="after")
+    def _check_curves(self) -> Profile:
+        check_sm_share_curves(self.sm_share_curves)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_no_curves(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.sm_share_curves:
+            data.pop("sm_share_curves", None)
+        return data
+
+    def sm_throughput(self, phase: str, share: float) -> float:
+        """Throughput of ``phase`` on ``share`` of the GPU's SMs, over its throughput
+        on all of them: linear between the curve's points and from (0, 0) to the first.
+        ValueError for an unknown phase, a share outside [0, 1], or a profile without
+        curves (check ``sm_share_curves`` first)."""
+        if not self.sm_share_curves:
+            raise ValueError(
+                f"profile {self.name!r} has no SM-share curves (sm_share_curves is empty)"
+            )
+        points = self.sm_share_curves.get(phase)
+        if points is None:
+            raise ValueError(f"unknown phase {phase!r}: one of {', '.join(SM_PHASES)}")
+        if not 0.0 <= share <= 1.0:  # NaN included
+            raise ValueError(f"SM share {share} is outside [0, 1]")
+        shares = [point[0] for point in points]
+        index = bisect_left(shares, share)
+        high_share, high_value = points[index]
+        if high_share == share:
+            return high_value
+        low_share, low_value = points[index - 1] if index else (0.0, 0.0)
+        return low_value + (high_value - low_value) * (share - low_share) / (high_share - low_share)
 
 
 class ProfileError(ValueError):

@@ -4,10 +4,14 @@ Seed 000 §6.2's testbeds (one GPU, TP=1): an NVIDIA H100 NVL and an H200 NVL, e
 serving Qwen3-Coder-30B-A3B-Instruct (262K context) or GPT-OSS-120B (131K context)
 on vLLM with its defaults. Seed 001 §4's testbed: an A100 80GB SXM serving GPT-J 6B or
 Vicuna-13B v1.5 with vLLM's memory capped at 40 GB (its Llama-3-70B on two A100s,
-TP=2, has no profile: the roofline models one GPU, docs/cost-model.md says why). For
-each pair this derives what the simulated engine needs: KV capacity in blocks (vLLM's
-own memory arithmetic), the scheduler limits (vLLM's defaults for that GPU) and the
-roofline cost inputs. docs/cost-model.md writes every derivation out with its sources.
+TP=2, has no profile: the roofline models one GPU, docs/cost-model.md says why). Seed
+002 §IV-A's testbeds: an RTX A5000 and an RTX 5090, each serving Qwen2.5-3B, Qwen2.5-7B
+or Llama-3-8B on vLLM with its defaults. For each pair this derives what the simulated
+engine needs: KV capacity in blocks (vLLM's own memory arithmetic), the scheduler
+limits (vLLM's defaults for that GPU) and the roofline cost inputs; for seed 002's
+GPUs also the throughput-versus-SM-share curves of its Fig. 3 (``sm_share_curves``),
+modelled from the same roofline. docs/cost-model.md writes every derivation out with
+its sources.
 
 Regenerate the JSON files after changing anything here, and print the derived
 figures the docs quote::
@@ -24,12 +28,16 @@ from pathlib import Path
 
 from agentmars.server.profiles.cost_model import (
     PROFILE_DIR,
+    SM_PHASES,
     CostModel,
     Profile,
     RooflineCost,
+    SmShareCurve,
     StepShape,
+    StepTime,
     chunk_attention,
     profile_json,
+    roofline_step_time,
 )
 from agentmars.server.profiles.hardware import GIB, MIB, GpuSpec, ModelSpec
 
@@ -73,6 +81,27 @@ A100_SXM = GpuSpec(
 )
 """Seed 001's GPU (named as CUDA reports it: vLLM's A100 check reads this name). NVLink
 joins its two A100s; a TP=1 engine's KV traffic to the host goes over PCIe."""
+RTX_A5000 = GpuSpec(
+    name="NVIDIA RTX A5000",
+    memory_bytes=24564 * MIB - CUDA_RESERVED_BYTES,
+    hbm_bandwidth_bytes_s=768e9,
+    dense_bf16_flops=111.1e12,
+    host_link_bytes_s=PCIE_GEN4_X16_BYTES_S,
+)
+"""Seed 002's mid-range GPU (GA102, 64 SMs, 24 GB GDDR6). Dense BF16 with FP32
+accumulate is the datasheet's 222.2 sparse tensor TFLOPS halved: on the professional
+GA102 cards FP32 accumulation runs at the full FP16 rate (GA102 whitepaper, RTX A6000
+column), unlike the GeForce ones, where it is halved."""
+RTX_5090 = GpuSpec(
+    name="NVIDIA GeForce RTX 5090",
+    memory_bytes=32607 * MIB - CUDA_RESERVED_BYTES,
+    hbm_bandwidth_bytes_s=1792e9,
+    dense_bf16_flops=209.5e12,
+    host_link_bytes_s=PCIE_GEN5_X16_BYTES_S,
+)
+"""Seed 002's high-end GPU (GB202, 170 SMs, 32 GB GDDR7). Dense BF16 with FP32 accumulate
+(what BF16 GEMMs use) is 209.5 TFLOPS: a GeForce card runs FP32 accumulation at half
+the 419 TFLOPS of FP16 accumulation (Blackwell RTX whitepaper, RTX 5090 column)."""
 
 QWEN3_CODER_30B = ModelSpec(
     name="Qwen/Qwen3-Coder-30B-A3B-Instruct",
@@ -134,6 +163,51 @@ VICUNA_13B = ModelSpec(
     max_position_embeddings=4096,
 )
 """Llama-2-13B's architecture (LlamaForCausalLM, fine-tuned)."""
+QWEN25_3B = ModelSpec(
+    name="Qwen/Qwen2.5-3B-Instruct",
+    num_hidden_layers=36,
+    hidden_size=2048,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=128,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    moe_intermediate_size=11008,
+    max_position_embeddings=32768,
+)
+"""config.json: head_dim = 2048 / 16; the output projection is the input embedding
+(tie_word_embeddings), so it is stored and read once. The q/k/v biases (Qwen2) are left
+out (0.02% of the weights)."""
+QWEN25_7B = ModelSpec(
+    name="Qwen/Qwen2.5-7B-Instruct",
+    num_hidden_layers=28,
+    hidden_size=3584,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    head_dim=128,
+    vocab_size=152064,
+    tie_word_embeddings=False,
+    moe_intermediate_size=18944,
+    max_position_embeddings=32768,
+)
+"""config.json: head_dim = 3584 / 28; 32,768 positions (131,072 only with YaRN
+rope_scaling, which the config leaves off). q/k/v biases left out."""
+LLAMA3_8B = ModelSpec(
+    name="meta-llama/Meta-Llama-3-8B-Instruct",
+    num_hidden_layers=32,
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    tie_word_embeddings=False,
+    moe_intermediate_size=14336,
+    max_position_embeddings=8192,
+)
+# NOTE: seed 002 names "Qwen2.5-3B", "Qwen2.5-7B" and "LLaMA-3-8B"; its agents emit
+# structured tool calls, so we take the Instruct checkpoints (the same architectures as
+# the base ones; Qwen2.5-7B's base config.json says 131,072 positions, its Instruct
+# 32,768).
 
 
 @dataclass(frozen=True)
@@ -205,6 +279,11 @@ def vllm_deployment(
 # 40e9 bytes (37.25 GiB) would leave Vicuna 1.5% or 18% less KV.
 SEED001_MEMORY_CAP_BYTES = 40 * GIB
 SEED001_A100 = vllm_deployment(A100_SXM, SEED001_MEMORY_CAP_BYTES, sources="vllm-a100")
+# NOTE: seed 002 runs AgentServe on llama.cpp and compares with vLLM, SGLang and
+# llama.cpp without stating their settings; the simulated engine mirrors vLLM, so its
+# GPUs get vLLM's defaults (under 70 GiB: 256 sequences, 2048 batched tokens).
+SEED002_A5000 = vllm_deployment(RTX_A5000, sources="vllm-consumer")
+SEED002_5090 = vllm_deployment(RTX_5090, sources="vllm-consumer")
 
 
 @dataclass(frozen=True)
@@ -227,11 +306,18 @@ BF16_EFFICIENCY = Efficiency(linear=0.5, attention=0.5, bandwidth=0.8, step_over
 # NOTE: ours, not checked against any A100 measurement: GPT-J and Vicuna on the A100 are
 # 16-bit dense GEMMs and FlashAttention (FA2 on Ampere), so they get Qwen3-Coder's BF16
 # figures, as fractions of the A100's own peak and bandwidth.
+# NOTE: ours, not checked against any measurement on these GPUs: Qwen2.5 and Llama-3 on
+# the RTX A5000 (Ampere, FA2) and RTX 5090 (Blackwell) are 16-bit dense GEMMs and
+# FlashAttention too, so they get the same BF16 figures, as fractions of each GPU's own
+# peak and bandwidth.
 EFFICIENCY = {
     QWEN3_CODER_30B.name: BF16_EFFICIENCY,
     GPT_OSS_120B.name: Efficiency(linear=0.3, attention=0.35, bandwidth=0.6, step_overhead_s=0.003),
     GPT_J_6B.name: BF16_EFFICIENCY,
     VICUNA_13B.name: BF16_EFFICIENCY,
+    QWEN25_3B.name: BF16_EFFICIENCY,
+    QWEN25_7B.name: BF16_EFFICIENCY,
+    LLAMA3_8B.name: BF16_EFFICIENCY,
 }
 
 WEIGHT_MEMORY_BYTES = {
@@ -243,6 +329,10 @@ WEIGHT_MEMORY_BYTES = {
     # platform's first dtype, BF16 on an A100 (vllm/config/model.py _resolve_auto_dtype).
     GPT_J_6B.name: GPT_J_6B.checkpoint_bytes,
     VICUNA_13B.name: VICUNA_13B.checkpoint_bytes,
+    # BF16 checkpoints, served as stored (dtype "auto").
+    QWEN25_3B.name: QWEN25_3B.checkpoint_bytes,
+    QWEN25_7B.name: QWEN25_7B.checkpoint_bytes,
+    LLAMA3_8B.name: LLAMA3_8B.checkpoint_bytes,
 }
 
 
@@ -284,6 +374,7 @@ def derive_profile(
     blocks = int(kv_bytes // (per_token * deployment.block_size))
     if blocks <= 0:
         raise ValueError(f"{model.name} leaves no KV cache memory on {gpu.name}")
+    curves = sm_share_curves(gpu, model, deployment) if gpu.name in SM_PARTITION else {}
     return Profile(
         name=name,
         description=(
@@ -295,6 +386,7 @@ def derive_profile(
             *SOURCES.get(model.name, []),
             *SOURCES.get(gpu.name, []),
             *SOURCES[deployment.sources],
+            *(SOURCES["sm-share"] if curves else []),
         ],
         block_size=deployment.block_size,
         num_gpu_blocks=blocks,
@@ -307,6 +399,7 @@ def derive_profile(
         cpu_kv_blocks=int(blocks * deployment.cpu_tier_ratio),
         cpu_kv_bandwidth_bytes_s=gpu.host_link_bytes_s * deployment.host_link_efficiency,
         cost=roofline_cost(gpu, model),
+        sm_share_curves=curves,
     )
 
 
@@ -321,6 +414,115 @@ def roofline_cost(gpu: GpuSpec, model: ModelSpec) -> RooflineCost:
         bandwidth_efficiency=efficiency.bandwidth,
         step_overhead_s=efficiency.step_overhead_s,
     )
+
+
+# --- seed 002: throughput versus SM share (Fig. 3), modelled --------------------------------
+
+
+@dataclass(frozen=True)
+class SmPartition:
+    """What decides how many of a GPU's SMs it takes to saturate its DRAM bandwidth."""
+
+    sms: int
+    """SMs on the card (datasheet)."""
+    threads_per_sm: int = 1536
+    """Resident threads per SM: the maximum on compute capability 8.6 (GA102) and 12.0
+    (GB202) (CUDA programming guide, compute capabilities table)."""
+    load_bytes_per_thread: int = 16
+    """Bytes each resident thread has in flight. NOTE: ours, one 128-bit load per
+    thread, a weight-streaming kernel at full occupancy."""
+    dram_latency_s: float = 600e-9
+    """Loaded DRAM latency. NOTE: ours, for GDDR6 and GDDR7 alike, unmeasured."""
+
+
+SM_PARTITION = {
+    RTX_A5000.name: SmPartition(sms=64),
+    # NOTE: seed 002 §IV-A gives the RTX 5090 "16384 CUDA cores, 128 SMs" (the RTX 4090's
+    # figures); the shipping card has 21,760 cores in 170 SMs, and the bandwidth is
+    # shared among those. Shares are fractions, so the count enters only here.
+    RTX_5090.name: SmPartition(sms=170),
+}
+
+SM_SHARES = tuple(tenths / 10 for tenths in range(1, 11))
+"""Seed 002 §III-C's ten pre-built Green Contexts: 10% to 100% of the SMs."""
+# NOTE: ours, the phases' work on which the curves are computed, from seed 002's Table I
+# and §IV: four agents decoding (its ablation's N = 4, within its 3 to 6) at 3,000 tokens
+# of context (its cold prefills are 2.5K to 3.5K tokens); a cold prefill of 3,000
+# tokens from nothing; a resume prefill of 56 tokens (ReAct's mean) after 3,000 cached.
+SM_CURVE_CONTEXT = 3000
+SM_CURVE_DECODE_SEQS = 4
+SM_CURVE_RESUME_TOKENS = 56
+
+
+def bandwidth_saturation_share(gpu: GpuSpec, model: ModelSpec) -> float:
+    """The SM share past which more SMs add no DRAM bandwidth (Little's law): the bytes
+    in flight the achieved bandwidth needs, ``bandwidth x e_bw x latency``, over what
+    all the SMs hold in flight."""
+    partition = SM_PARTITION[gpu.name]
+    needed = gpu.hbm_bandwidth_bytes_s * EFFICIENCY[model.name].bandwidth
+    needed *= partition.dram_latency_s
+    per_sm = partition.threads_per_sm * partition.load_bytes_per_thread
+    return min(1.0, needed / (partition.sms * per_sm))
+
+
+def partition_cost(cost: RooflineCost, share: float, saturation: float) -> RooflineCost:
+    """The roofline on ``share`` of the SMs: ``share`` of the peak FLOP/s and of the DRAM
+    bandwidth ``min(1, share / saturation)``; the per-step overhead (host side) kept."""
+    gpu = cost.gpu
+    scaled = gpu.model_copy(
+        update={
+            "dense_bf16_flops": gpu.dense_bf16_flops * share,
+            "hbm_bandwidth_bytes_s": gpu.hbm_bandwidth_bytes_s * min(1.0, share / saturation),
+        }
+    )
+    return cost.model_copy(update={"gpu": scaled})
+
+
+def phase_time(step_time: StepTime, phase: str, chunk: int) -> float:
+    """Seconds the representative work of ``phase`` takes (``SM_CURVE_*``); a cold
+    prefill runs in chunks of ``chunk`` tokens."""
+    context = SM_CURVE_CONTEXT
+    if phase == "decode":
+        seqs = SM_CURVE_DECODE_SEQS
+        return step_time(StepShape(decode_seqs=seqs, decode_context=seqs * context))
+    if phase == "resume_prefill":
+        tokens = SM_CURVE_RESUME_TOKENS
+        return step_time(StepShape(tokens, chunk_attention(tokens, context)))
+    if phase != "cold_prefill":
+        raise ValueError(f"unknown phase {phase!r}")
+    total, done = 0.0, 0
+    while done < context:
+        tokens = min(chunk, context - done)
+        total += step_time(StepShape(tokens, chunk_attention(tokens, done)))
+        done += tokens
+    return total
+
+
+def sm_share_curves(
+    gpu: GpuSpec, model: ModelSpec, deployment: VllmDeployment
+) -> dict[str, SmShareCurve]:
+    """Seed 002's Fig. 3, modelled: each phase's throughput on ``SM_SHARES`` of the SMs
+    over its throughput on all of them (docs/cost-model.md)."""
+    cost = roofline_cost(gpu, model)
+    saturation = bandwidth_saturation_share(gpu, model)
+    chunk = deployment.max_num_batched_tokens
+    curves: dict[str, SmShareCurve] = {}
+    for phase in SM_PHASES:
+        full = phase_time(roofline_step_time(cost), phase, chunk)
+        curves[phase] = tuple(
+            (
+                share,
+                round(
+                    full
+                    / phase_time(
+                        roofline_step_time(partition_cost(cost, share, saturation)), phase, chunk
+                    ),
+                    4,
+                ),
+            )
+            for share in SM_SHARES
+        )
+    return curves
 
 
 SOURCES: dict[str, list[str]] = {
@@ -362,6 +564,38 @@ SOURCES: dict[str, list[str]] = {
         "gpu: NVIDIA A100 datasheet, 80GB SXM (80 GB HBM2e, 2,039 GB/s, BF16 312 TFLOPS "
         "dense, PCIe Gen4 x16 = 32 GB/s a direction); nvidia-smi total 81920 MiB",
     ],
+    QWEN25_3B.name: [
+        "model: huggingface.co/Qwen/Qwen2.5-3B-Instruct config.json (36 layers, hidden 2048, "
+        "16 q / 2 kv heads, head_dim 128, intermediate 11008, vocab 151936 tied, BF16, "
+        "32768 positions)",
+        "weights: 3,085,697,024 parameters without norms and q/k/v biases (model card 3.09B) "
+        "x 2 B = 5.748 GiB",
+    ],
+    QWEN25_7B.name: [
+        "model: huggingface.co/Qwen/Qwen2.5-7B-Instruct config.json (28 layers, hidden 3584, "
+        "28 q / 4 kv heads, head_dim 128, intermediate 18944, vocab 152064 untied, BF16, "
+        "32768 positions; 131072 with YaRN, off by default)",
+        "weights: 7,615,283,200 parameters without norms and q/k/v biases (model card 7.61B) "
+        "x 2 B = 14.185 GiB",
+    ],
+    LLAMA3_8B.name: [
+        "model: huggingface.co/meta-llama/Meta-Llama-3-8B-Instruct config.json (32 layers, "
+        "hidden 4096, 32 q / 8 kv heads, head_dim 128, intermediate 14336, vocab 128256 "
+        "untied, BF16, 8192 positions)",
+        "weights: 8,029,995,008 parameters without norms (8,030,261,248 with them) x 2 B = "
+        "14.957 GiB",
+    ],
+    RTX_A5000.name: [
+        "gpu: NVIDIA RTX A5000 datasheet (64 SMs per seed 002, 8192 CUDA cores, 24 GB GDDR6, "
+        "768 GB/s, tensor 222.2 TFLOPS with sparsity = 111.1 dense, FP32 accumulate at full "
+        "rate on professional GA102 per the GA102 whitepaper, PCIe Gen4 x16); "
+        "nvidia-smi total 24564 MiB",
+    ],
+    RTX_5090.name: [
+        "gpu: NVIDIA GeForce RTX 5090 (Blackwell RTX whitepaper: 170 SMs, 21760 CUDA cores, "
+        "32 GB GDDR7, 1792 GB/s, FP16/BF16 tensor with FP32 accumulate 209.5 TFLOPS dense, "
+        "PCIe Gen5 x16); nvidia-smi total 32607 MiB; seed 002 says 128 SMs",
+    ],
     "vllm": [
         "vLLM 0.32.0 vllm/engine/arg_utils.py EngineArgs.get_batch_defaults: OpenAI server "
         "on a 70-160 GiB non-A100 GPU -> max_num_batched_tokens 8192, max_num_seqs 1024; "
@@ -386,6 +620,24 @@ SOURCES: dict[str, list[str]] = {
         "(docs/cost-model.md)",
         "CPU tier 1x GPU KV capacity (seed 003 §6.1); PCIe Gen4 x16 32 GB/s at 80%",
     ],
+    "vllm-consumer": [
+        "seed 002 §IV-A: one RTX A5000 or RTX 5090 serving Qwen2.5-3B, Qwen2.5-7B or "
+        "Llama-3-8B; vLLM's defaults (the paper's own engine is llama.cpp)",
+        "vLLM 0.32.0 vllm/engine/arg_utils.py EngineArgs.get_batch_defaults: OpenAI server "
+        "on a GPU under 70 GiB -> max_num_batched_tokens 2048, max_num_seqs 256; "
+        "gpu_memory_utilization 0.9; vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE 16",
+        "KV memory: sampler peak 38.7 B x max_num_seqs x vocab and 0.13 GiB non-torch, "
+        "fitted to vLLM's logs on an H100 (docs/cost-model.md)",
+        "efficiencies: ours, the BF16 figures checked on an H100, not checked on these GPUs "
+        "(docs/cost-model.md)",
+        "CPU tier 1x GPU KV capacity (seed 003 §6.1); PCIe at 80% (Gen4 x16 32 GB/s on the "
+        "A5000, Gen5 x16 64 GB/s on the 5090)",
+    ],
+    "sm-share": [
+        "sm_share_curves: modelled, not measured (seed 002 Fig. 3 publishes only their "
+        "shape): the roofline on a share of the SMs, DRAM bandwidth saturating past "
+        "the share Little's law gives (docs/cost-model.md)",
+    ],
 }
 
 TESTBED_PROFILES: dict[str, tuple[GpuSpec, ModelSpec, VllmDeployment]] = {
@@ -397,11 +649,18 @@ TESTBED_PROFILES: dict[str, tuple[GpuSpec, ModelSpec, VllmDeployment]] = {
     # Seed 001 §4, memory capped at 40 GiB.
     "a100-gptj-6b": (A100_SXM, GPT_J_6B, SEED001_A100),
     "a100-vicuna-13b": (A100_SXM, VICUNA_13B, SEED001_A100),
+    # Seed 002 §IV-A, vLLM's defaults, with throughput-versus-SM-share curves.
+    "rtx-a5000-qwen2.5-3b": (RTX_A5000, QWEN25_3B, SEED002_A5000),
+    "rtx-a5000-qwen2.5-7b": (RTX_A5000, QWEN25_7B, SEED002_A5000),
+    "rtx-a5000-llama3-8b": (RTX_A5000, LLAMA3_8B, SEED002_A5000),
+    "rtx5090-qwen2.5-3b": (RTX_5090, QWEN25_3B, SEED002_5090),
+    "rtx5090-qwen2.5-7b": (RTX_5090, QWEN25_7B, SEED002_5090),
+    "rtx5090-llama3-8b": (RTX_5090, LLAMA3_8B, SEED002_5090),
 }
 
 
 def testbed_profiles() -> list[Profile]:
-    """The testbed profiles (seeds 000 and 001), derived now."""
+    """The testbed profiles (seeds 000, 001 and 002), derived now."""
     return [
         derive_profile(name, gpu, model, deployment)
         for name, (gpu, model, deployment) in TESTBED_PROFILES.items()
@@ -498,6 +757,25 @@ def report() -> str:
             + " / ".join(f"{d:,.0f}" for d in decode)
             + f" | {fit / model.decode_time(2048, fit):,.0f} ({fit})"
         )
+    lines.append("")
+    lines.append(
+        "profile | bandwidth saturates at share | decode / cold prefill / resume prefill "
+        "step ms on the whole GPU | normalized throughput at shares "
+        + ", ".join(f"{share:g}" for share in SM_SHARES)
+    )
+    for name, (gpu, spec, deployment) in TESTBED_PROFILES.items():
+        if gpu.name not in SM_PARTITION:
+            continue
+        curves = sm_share_curves(gpu, spec, deployment)
+        full = roofline_step_time(roofline_cost(gpu, spec))
+        times = " / ".join(
+            f"{phase_time(full, phase, deployment.max_num_batched_tokens) * 1e3:.2f}"
+            for phase in SM_PHASES
+        )
+        lines.append(f"{name} | {bandwidth_saturation_share(gpu, spec):.4f} | {times} |")
+        for phase in SM_PHASES:
+            values = " ".join(f"{value:.3f}" for _, value in curves[phase])
+            lines.append(f"  {phase}: {values}")
     lines.append("")
     lines.append("published step | measured ms | H100 SXM ms | H100 NVL ms")
     for step in PUBLISHED_STEPS:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -66,13 +67,15 @@ from agentmars.server.policies.capabilities import Capability, PolicyRefused, re
 from agentmars.server.policies.interface import Policy, SessionAction
 from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
 from agentmars.server.profiles.cost_model import CostModel, Profile, StepShape
-from agentmars.server.sim.engine_core import KVEngineView
+from agentmars.server.sim.engine_core import KVEngineView, partition_time
 from agentmars.server.sim.entities import Call, Session
 from agentmars.server.sim.entities import Pin as PinEntity
 from agentmars.server.sim.host_cpu import HostCPU
 from agentmars.server.sim.kv_cache import KVCache
 from agentmars.server.sim.scheduler import Scheduler, Step
 from agentmars.server.workloads.model import SessionSpec, Workload
+
+logger = logging.getLogger(__name__)
 
 
 class SimError(ValueError):
@@ -109,6 +112,7 @@ class SimConfig:
 
 class _Rank(IntEnum):
     STEP_END = 0
+    PREFILL_END = 0
     TOOL_DONE = 1
     CALL_SUBMIT = 2
     SESSION_ARRIVAL = 3
@@ -154,12 +158,28 @@ class SimEngine(KVEngineView, FollowsTools):
             cpu_tier = Capability.CPU_TIER in engine_half.needs | engine_half.uses
         cpu_tier = cpu_tier and profile.cpu_kv_blocks > 0
         provides = set(Capability) - (set() if cpu_tier else {Capability.CPU_TIER})
+        if not profile.sm_share_curves:
+            provides.discard(Capability.SM_PARTITION)
         try:
             refuse_unless(policy.name, engine_half.needs, provides, "the simulated engine")
             refuse_unless(policy.name, self.admission.needs, provides, "the simulated gateway")
         except PolicyRefused as error:
             raise SimError(str(error)) from None
         self.admission.publish = engine_half.publish = self._emit
+        self.partitioned = Capability.SM_PARTITION in provides and (
+            Capability.SM_PARTITION in engine_half.needs | engine_half.uses
+        )
+        """Steps run in the half's SM partition (``decode_sm_share``), prefills and
+        decodes at the same time (docs/simulator.md "The SM partition")."""
+        if Capability.SM_PARTITION in engine_half.uses and not self.partitioned:
+            logger.info(
+                "policy %s: profile %s has no SM-share curves; its decode SM share is "
+                "ignored (one shared step, no partition)",
+                policy.name,
+                profile.name,
+            )
+        self._prefill_busy = False
+        """The prefill partition computes a chunk (until its ``_on_prefill_end``)."""
         num_blocks = self.config.num_gpu_blocks or profile.num_gpu_blocks
         self._check_fits(workload, min(profile.max_model_len, num_blocks * profile.block_size))
         self.kv = KVCache(
@@ -410,6 +430,10 @@ class SimEngine(KVEngineView, FollowsTools):
         self._start_pending = False
         if self.engine_half.tick_interval_s == 0:
             self._apply(self.engine_half.tick(self))
+        share = self._decode_share()
+        if share is not None:
+            self._start_partitioned(share)
+            return
         jump = self._decode_jump()
         if jump is not None:
             self._stepping = True
@@ -422,6 +446,76 @@ class SimEngine(KVEngineView, FollowsTools):
         self._stepping = True
         duration = self.step_duration(step, self.now)
         self._push(self.now + duration, _Rank.STEP_END, self._on_step_end, (step, duration))
+
+    # --- the SM partition ---------------------------------------------------------------
+
+    def _decode_share(self) -> float | None:
+        """The half's decode SM share for this step, in [0, 1] (None: no partition)."""
+        if not self.partitioned:
+            return None
+        share = self.engine_half.decode_sm_share(self)
+        return None if share is None else min(max(float(share), 0.0), 1.0)
+
+    def _start_partitioned(self, share: float) -> None:
+        """A step in an SM partition: the decodes (and the prefills the half runs with
+        them) on ``share`` of the SMs, the other prefills on the rest, each side at its
+        own pace. The decode side steps as the engine does; the prefill side computes
+        one chunk at a time, and its calls sit out the decode side's steps until it is
+        done. A side with no SMs runs nothing."""
+        half = self.engine_half
+        lanes: dict[Call, bool] = {}
+
+        def with_decodes(call: Call) -> bool:
+            # Decided once per call and step, before its admission (what the half
+            # predicts of a waiting call), so that the call runs where it was let in.
+            if call not in lanes:
+                lanes[call] = call.decoding or half.runs_with_decodes(call, self)
+            return lanes[call]
+
+        prefill_open = share < 1.0 and not self._prefill_busy
+        decode_open = share > 0.0
+        if not (prefill_open and decode_open):
+            self.scheduler.blocked = lambda call: (
+                not (decode_open if with_decodes(call) else prefill_open)
+            )
+        jump = self._decode_jump(share) if decode_open else None
+        if jump is not None:
+            self.scheduler.blocked = None
+            self._stepping = True
+            self._push(jump[1], _Rank.STEP_END, self._on_jump_end, (jump[0], jump[1] - self.now))
+            return
+        try:
+            step = self.scheduler.schedule(self.now)
+        finally:
+            self.scheduler.blocked = None
+        decode_step, prefill_step = step.split(with_decodes)
+        swap_wait = max(step.swapped_out_s - self.now, 0.0)
+        if prefill_step.batch:
+            duration = partition_time(self.cost, self.profile, prefill_step.batch, 1.0 - share)
+            duration += swap_wait
+            for call, _ in prefill_step.batch:
+                call.ready_s = self.now + duration
+            self._prefill_busy = True
+            end = (prefill_step, duration)
+            self._push(self.now + duration, _Rank.PREFILL_END, self._on_prefill_end, end)
+        if decode_step.batch:
+            duration = partition_time(self.cost, self.profile, decode_step.batch, share)
+            duration += swap_wait
+            self._stepping = True
+            end = (decode_step, duration)
+            self._push(self.now + duration, _Rank.STEP_END, self._on_step_end, end)
+        elif not prefill_step.batch:
+            self._wait_for_loads()
+
+    def _on_prefill_end(self, arg: tuple[Step, float]) -> None:
+        step, duration = arg
+        self._prefill_busy = False
+        self.record.steps += 1
+        self.record.computed_tokens += sum(tokens for call, tokens in step.batch if call.blocks)
+        # A call preempted meanwhile lost its blocks (``settle`` skips it).
+        for call in self.settle(step, duration).produced:
+            self._add_token(call, 1)
+        self._after_step()
 
     def _wait_for_loads(self) -> None:
         """Nothing could run: wake up when the first CPU-tier load is done."""
@@ -462,9 +556,9 @@ class SimEngine(KVEngineView, FollowsTools):
 
     # --- decode jumps ------------------------------------------------------------------
 
-    def _decode_jump(self) -> tuple[int, float] | None:
+    def _decode_jump(self, share: float | None = None) -> tuple[int, float] | None:
         """(steps, end time) of a stretch of at least two decode-only steps that can be
-        taken at once, or None."""
+        taken at once, or None; with ``share``, on that share of the SMs."""
         running = self.scheduler.running
         if (
             not self.config.decode_jumps
@@ -494,7 +588,10 @@ class SimEngine(KVEngineView, FollowsTools):
         taken = 0
         while taken < steps and end < next_event:
             shape = StepShape(decode_seqs=seqs, decode_context=context + taken * seqs)
-            end += self.cost.step_time(shape)
+            if share is None:
+                end += self.cost.step_time(shape)
+            else:
+                end += self.cost.step_time(shape) / self.profile.sm_throughput("decode", share)
             taken += 1
         if taken < 2:
             return None
@@ -523,6 +620,8 @@ class SimEngine(KVEngineView, FollowsTools):
         steps, duration = jump
         self._stepping = False
         self.record.steps += steps
+        self.decode_steps += steps
+        self.decode_time_s += duration
         for call in list(self.scheduler.running):
             call.num_computed_tokens += steps
             call.service_s += duration
@@ -664,6 +763,9 @@ class SimEngine(KVEngineView, FollowsTools):
 
     def _on_tick(self, _: None) -> None:
         self._apply(self.engine_half.tick(self))
+        if self.partitioned and (self.scheduler.running or self.scheduler.waiting):
+            # The partition may have changed: a side that had no SMs may run now.
+            self._wake()
         interval = self.engine_half.tick_interval_s
         if interval and (self._sessions or self._gateway or self._heap):
             self._push(self.now + interval, _Rank.TICK, self._on_tick)
@@ -755,6 +857,8 @@ class SimEngine(KVEngineView, FollowsTools):
         self.record.prefix_queries = self.scheduler.prefix_queries
         self.record.prefix_hits = self.scheduler.prefix_hits
         self.record.tool_busy_core_s = self.host.busy_core_s
+        self.record.decode_steps = self.decode_steps
+        self.record.decode_time_s = self.decode_time_s
 
 
 def isolated_sessions(

@@ -22,11 +22,11 @@ from agentmars.sdk.events import (
 )
 from agentmars.server.policies.interface import KVDecision, Offload, Pin, SessionAction
 from agentmars.server.policies.views import CostEstimator
-from agentmars.server.profiles.cost_model import CostModel
+from agentmars.server.profiles.cost_model import CostModel, Profile
 from agentmars.server.sim.entities import Call, Session
 from agentmars.server.sim.entities import Pin as PinEntity
 from agentmars.server.sim.kv_cache import KVCache
-from agentmars.server.sim.scheduler import Scheduler, Step
+from agentmars.server.sim.scheduler import Scheduler, Step, batch_shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,40 @@ class Settled:
     prefill_tokens: int
 
 
+def sm_phase(call: Call) -> str:
+    """The phase of a scheduled call whose SM-share curve applies (seed 002 Fig. 3):
+    ``decode``; ``resume_prefill`` for a call after a tool whose admission found part
+    of its context cached; else ``cold_prefill``."""
+    if call.decoding:
+        return "decode"
+    if call.follows_tool and (call.cached_tokens or 0) > 0:
+        return "resume_prefill"
+    return "cold_prefill"
+
+
+def partition_time(
+    cost: CostModel, profile: Profile, batch: list[tuple[Call, int]], share: float
+) -> float:
+    """How long ``batch`` takes on ``share`` (> 0) of the GPU's SMs: its time on the
+    whole GPU (the cost model's, the batch as one step) over its throughput at that
+    share, ``profile.sm_throughput``. A batch of several phases runs at their
+    throughputs weighted by each phase's part of the work, measured as that part's
+    time alone on the whole GPU (seed 002 Eq. 1, mu_P = eta mu_C + (1 - eta) mu_R,
+    with eta the cold prefills' share of the prefill work; the decodes likewise)."""
+    parts: dict[str, list[tuple[Call, int]]] = {}
+    for entry in batch:
+        parts.setdefault(sm_phase(entry[0]), []).append(entry)
+    if len(parts) == 1:
+        (phase,) = parts
+        throughput = profile.sm_throughput(phase, share)
+    else:
+        weights = {phase: cost.step_time(batch_shape(part)) for phase, part in parts.items()}
+        throughput = sum(
+            weight * profile.sm_throughput(phase, share) for phase, weight in weights.items()
+        ) / sum(weights.values())
+    return cost.step_time(batch_shape(batch)) / throughput
+
+
 class KVEngineView:
     """The ``EngineView`` fields an engine answers from its KV cache, scheduler and
     cost model (the tool and session fields are each engine's own)."""
@@ -45,6 +79,10 @@ class KVEngineView:
     kv: KVCache
     scheduler: Scheduler
     cost: CostModel
+    decode_steps: int = 0
+    """Steps that decoded at least one sequence (``EngineView.decode_steps``)."""
+    decode_time_s: float = 0.0
+    """Their summed durations (``EngineView.decode_time_s``)."""
 
     @property
     def block_size(self) -> int:
@@ -131,16 +169,22 @@ class KVEngineView:
         is skipped."""
         produced = []
         prefill = 0
+        decoded = False
         for call, tokens in step.batch:
             if not call.blocks:
                 continue
-            if not (call.output_tokens and call.num_computed_tokens == call.num_tokens - 1):
+            if call.decoding:
+                decoded = True
+            else:
                 prefill += tokens  # as ``Step.shape`` tells prefill from decode
             call.num_computed_tokens += tokens
             call.service_s += duration
             self.kv.cache_full_blocks(call)
             if call.num_computed_tokens == call.num_tokens:
                 produced.append(call)
+        if decoded:
+            self.decode_steps += 1
+            self.decode_time_s += duration
         return Settled(produced, prefill)
 
     # --- the KV half of outcomes ---------------------------------------------------------

@@ -99,6 +99,17 @@ class Call:
         return self.num_computed_tokens < self.prompt_tokens
 
     @property
+    def decoding(self) -> bool:
+        """Its next step computes one token past its prompt (as ``Step.shape`` tells a
+        decode from a prefill chunk)."""
+        return self.output_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """Tokens its first admission found in the prefix cache (None: not admitted)."""
+        return self.record.cached_tokens if self.looked_up else None
+
+    @property
     def finished(self) -> bool:
         return self.output_tokens >= self.max_tokens
 

@@ -37,15 +37,32 @@ class Step:
     """When the KV of the calls this step preempted by swap is in host memory."""
 
     def shape(self) -> StepShape:
-        prefill = attention = seqs = context = 0
-        for call, tokens in self.batch:
-            if call.output_tokens and call.num_computed_tokens == call.num_tokens - 1:
-                seqs += 1
-                context += call.num_tokens
-            else:
-                prefill += tokens
-                attention += chunk_attention(tokens, call.num_computed_tokens)
-        return StepShape(prefill, attention, seqs, context)
+        return batch_shape(self.batch)
+
+    def split(self, first: Callable[[Call], bool]) -> tuple[Step, Step]:
+        """Two steps of this one's batch: the calls ``first`` takes, and the rest (the
+        preemptions, admissions and swap go with the first)."""
+        taken = Step(
+            [entry for entry in self.batch if first(entry[0])],
+            self.preempted,
+            self.admitted,
+            self.swapped_out_s,
+        )
+        rest = Step([entry for entry in self.batch if not first(entry[0])])
+        return taken, rest
+
+
+def batch_shape(batch: list[tuple[Call, int]]) -> StepShape:
+    """What a batch of (call, tokens) computes."""
+    prefill = attention = seqs = context = 0
+    for call, tokens in batch:
+        if call.decoding:
+            seqs += 1
+            context += call.num_tokens
+        else:
+            prefill += tokens
+            attention += chunk_attention(tokens, call.num_computed_tokens)
+    return StepShape(prefill, attention, seqs, context)
 
 
 class Scheduler:
@@ -69,6 +86,9 @@ class Scheduler:
         self.running: list[Call] = []
         self.waiting: list[Call] = []
         self._load_done_at = load_done_at
+        self.blocked: Callable[[Call], bool] | None = None
+        """Calls not to schedule in this pass (set by an engine whose SM partition
+        has a side busy or closed: ``sim.engine``); None: every call may run."""
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -107,7 +127,7 @@ class Scheduler:
         return budget
 
     def _tokens_to_schedule(self, call: Call, budget: int, now: float) -> int:
-        if call.ready_s > now:
+        if call.ready_s > now or (self.blocked is not None and self.blocked(call)):
             return 0
         tokens = min(call.num_tokens - call.num_computed_tokens, budget)
         if call.in_prefill:
@@ -160,7 +180,7 @@ class Scheduler:
             key=lambda item: (self.policy.priority(item[1], self.view), item[1].arrival_s, item[0]),
         )
         for _, call in order:
-            if call.ready_s > now:
+            if call.ready_s > now or (self.blocked is not None and self.blocked(call)):
                 if self._batch_full(budget):
                     return
                 continue

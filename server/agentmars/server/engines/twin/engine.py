@@ -207,7 +207,9 @@ class LiveEngine(KVEngineView, FollowsTools):
 
     def __init__(self, profile: Profile, policy: Policy, *, publish: Publish | None = None) -> None:
         self.half = half = policy.engine()
-        provides = set(Capability) - {Capability.KV_FIGURES}
+        # NOTE: the twin runs one shared step: no SM partition (a half that only uses
+        # one runs without it).
+        provides = set(Capability) - {Capability.KV_FIGURES, Capability.SM_PARTITION}
         if not profile.cpu_kv_blocks:
             provides.discard(Capability.CPU_TIER)
         try:

@@ -539,8 +539,16 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             # (schedule to output), as the simulator counts it.
             elapsed = time.monotonic() - started
             service = self.session_book.service_s
-            for request_id in scheduler_output.num_scheduled_tokens:
+            decoded = False
+            for request_id, tokens in scheduler_output.num_scheduled_tokens.items():
                 service[request_id] = service.get(request_id, 0.0) + elapsed
+                if tokens == 1 and not decoded:
+                    request = self.requests.get(request_id)
+                    decoded = request is not None and request.num_output_tokens > 0
+            if decoded:
+                # Seed 002's step-level TPOT is read from these (EngineView).
+                self.engine_view.decode_steps += 1
+                self.engine_view.decode_time_s += elapsed
         return super().update_from_output(scheduler_output, *args, **kwargs)
 
     # --- KV retention -------------------------------------------------------------------

@@ -127,6 +127,12 @@ class RequestCall:
         return int(self.request.num_preemptions)
 
     @property
+    def cached_tokens(self) -> int | None:
+        # vLLM sets it at the request's first scheduling (-1 before).
+        cached = int(getattr(self.request, "num_cached_tokens", -1))
+        return cached if cached >= 0 else None
+
+    @property
     def service_s(self) -> float:
         # Kept by vLLM's request id (the plugin counts steps by it), not the call id.
         return self._book.service_s.get(str(self.request.request_id), 0.0)
@@ -211,6 +217,11 @@ class SchedulerView(FollowsTools):
         self._book = book
         self._costs = costs
         self.tools = ToolActivity()
+        self.decode_steps = 0
+        """Steps that decoded at least one request (``EngineView.decode_steps``,
+        counted by the plugin's ``update_from_output``)."""
+        self.decode_time_s = 0.0
+        """Their summed wall time, schedule to output."""
         # Fixed for the engine's life; read at almost every decision.
         self.block_size: int = int(scheduler.block_size)
         self._block_pool = scheduler.kv_cache_manager.block_pool
