@@ -7,6 +7,7 @@ where a policy lives.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from typing import Any, TypeVar
@@ -105,3 +106,15 @@ def describe_policy(name: str) -> str:
     """The first line of the policy's docstring."""
     doc = inspect.getdoc(policy_class(name)) or ""
     return doc.splitlines()[0] if doc else ""
+
+
+def settings_signature(settings_class: type) -> inspect.Signature:
+    """The constructor signature of a policy that takes ``**settings`` of a settings
+    dataclass: one keyword per field, its default the field's (``make_policy`` names the
+    settings a policy takes from its signature)."""
+    return inspect.Signature(
+        [
+            inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default)
+            for field in dataclasses.fields(settings_class)
+        ]
+    )

@@ -42,10 +42,8 @@ from agentmars.server.policies.interface import (
     SessionAction,
     SortKey,
 )
-from agentmars.server.policies.registry import register
+from agentmars.server.policies.registry import register, settings_signature
 from agentmars.server.policies.views import CallView, EngineView
-
-DEFAULTS = AgentServeSettings()
 
 
 @register
@@ -61,35 +59,10 @@ class AgentServe(Policy):
         "the paper leaves open is ours (policies/agentserve/settings.py)"
     )
 
-    def __init__(
-        self,
-        control_interval_s: float = DEFAULTS.control_interval_s,
-        theta_high_factor: float = DEFAULTS.theta_high_factor,
-        theta_low_factor: float = DEFAULTS.theta_low_factor,
-        theta_high_s: float = DEFAULTS.theta_high_s,
-        theta_low_s: float = DEFAULTS.theta_low_s,
-        b_min: int = DEFAULTS.b_min,
-        b_max: int = DEFAULTS.b_max,
-        delta_b: int = DEFAULTS.delta_b,
-        r_base: float = DEFAULTS.r_base,
-        delta_r: float = DEFAULTS.delta_r,
-        r_max: float = DEFAULTS.r_max,
-        contexts: int = DEFAULTS.contexts,
-    ) -> None:
-        self.options = AgentServeSettings(
-            control_interval_s=control_interval_s,
-            theta_high_factor=theta_high_factor,
-            theta_low_factor=theta_low_factor,
-            theta_high_s=theta_high_s,
-            theta_low_s=theta_low_s,
-            b_min=b_min,
-            b_max=b_max,
-            delta_b=delta_b,
-            r_base=r_base,
-            delta_r=delta_r,
-            r_max=r_max,
-            contexts=contexts,
-        )
+    def __init__(self, **settings: Any) -> None:
+        self.options = AgentServeSettings(**settings)
+
+    __signature__ = settings_signature(AgentServeSettings)
 
     def settings(self) -> dict[str, Any]:
         return self.options.as_dict()

@@ -11,8 +11,7 @@ the design as built, one file per mechanism:
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 from agentmars.server.policies.interface import AdmissionHalf, Policy
@@ -23,7 +22,7 @@ from agentmars.server.policies.mars.scheduler import (
     NoCoSchedulerScheduler,
 )
 from agentmars.server.policies.mars.settings import MarsSettings
-from agentmars.server.policies.registry import register
+from agentmars.server.policies.registry import register, settings_signature
 
 
 @register
@@ -50,13 +49,7 @@ class Mars(Policy):
     def settings(self) -> dict[str, Any]:
         return self.config.as_dict()
 
-    # ``make_policy`` names the settings a policy takes from its signature.
-    __signature__ = inspect.Signature(
-        [
-            inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default)
-            for field in fields(MarsSettings)
-        ]
-    )
+    __signature__ = settings_signature(MarsSettings)
 
     def admission(self) -> AdmissionHalf:
         return MarsControlPlane(replace(self.config))
