@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -141,3 +142,36 @@ def test_serve_refuses_a_kv_cache_too_small_for_its_context(tmp_path: Path) -> N
     assert done.returncode == 2
     assert "--num-blocks 32: 32 KV blocks cannot hold a context of 4096 tokens" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _options(tmp_path: Path, policy: str, cpu_kv_blocks: int | None = None) -> Any:
+    from agentmars.cli.serve import ServeOptions
+
+    (tmp_path / "config.json").write_text("{}")
+    return ServeOptions(
+        model=tmp_path, policy=policy, host="127.0.0.1", port=1, token="t",
+        vllm_python=Path(sys.executable), log_path=tmp_path / "vllm.log",
+        max_model_len=4096, num_blocks=64, cores=None, vllm_args=(),
+        profile="cpu-tiny", cpu_kv_blocks=cpu_kv_blocks,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("policy", "blocks"),
+    # Needs a CPU tier, uses one, neither: as large as the GPU's KV by default, or none.
+    [("thunderagent-cpu", 64), ("infercept", 64), ("autellix", 64), ("continuum", 0)],
+)
+def test_serve_gives_a_cpu_tier_to_a_policy_that_needs_or_uses_one(
+    tmp_path: Path, policy: str, blocks: int
+) -> None:
+    options = _options(tmp_path, policy)
+    options.check()
+    assert options.cpu_tier_blocks() == blocks
+    assert _options(tmp_path, policy, cpu_kv_blocks=16).cpu_tier_blocks() == 16
+
+
+def test_serve_without_a_cpu_tier_refuses_a_policy_that_needs_one(tmp_path: Path) -> None:
+    from agentmars.cli.serve import ServeError
+
+    with pytest.raises(ServeError, match="'thunderagent-cpu': it needs cpu-tier"):
+        _options(tmp_path, "thunderagent-cpu", cpu_kv_blocks=0).check()

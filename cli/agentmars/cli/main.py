@@ -665,6 +665,8 @@ def _sim(
     sessions: int,
     seed: int,
     tool_cores: int,
+    cpu_tier_ratio: float | None,
+    replicas: int,
     out: Path,
     jobs: int,
     report: bool,
@@ -682,7 +684,9 @@ def _sim(
             concurrency=concurrency,
             sessions=sessions,
             seed=seed,
-            config=SimConfig(tool_cores=tool_cores),
+            config=SimConfig(
+                tool_cores=tool_cores, cpu_tier_ratio=cpu_tier_ratio, replicas=replicas
+            ),
         )
         code = run_plan(plan, out, jobs=jobs, report=report)
     except (BadOption, *BadInput) as exc:
@@ -717,6 +721,22 @@ SimToolCores = Annotated[
         min=1,
         help="Host cores for tools (default 16: one GPU's share of an 8-GPU server's "
         "cores; docs/workloads.md).",
+    ),
+]
+SimCpuTierRatio = Annotated[
+    float | None,
+    typer.Option(
+        min=0.0,
+        help="The CPU KV tier's size as a multiple of the GPU KV (default: the profile's; "
+        "seed 003 runs 1 and 2).",
+    ),
+]
+SimReplicas = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Engine replicas behind the gateway, each a whole engine of the profile "
+        "(seed 003's DP=3); each session stays on the one the policy places it on.",
     ),
 ]
 SimOut = Annotated[Path, typer.Option(help="Folder for results.json and the report.")]
@@ -768,6 +788,14 @@ def serve(
         typer.Option(min=1, help=f"KV blocks (vllm: {VLLM_NUM_BLOCKS}; sim: the profile's)."),
     ] = None,
     cores: Annotated[str | None, typer.Option(help="CPUs for vLLM, e.g. 0.")] = None,
+    cpu_kv_blocks: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="vllm: the CPU KV tier's size in KV blocks (0: none; default: as many as "
+            "--num-blocks for a policy that needs or uses a CPU tier, else none).",
+        ),
+    ] = None,
     log: Annotated[Path, typer.Option(help="vLLM's output.")] = Path("out/vllm.log"),
     vllm_arg: Annotated[
         list[str] | None, typer.Option(help="One more vLLM argument (repeatable).")
@@ -784,7 +812,8 @@ def serve(
     _check_can_listen(host, port)
     if engine is Engine.sim:
         vllm_only = [name for name, value in (("--model", model), ("--vllm-python", vllm_python),
-                     ("--cores", cores), ("--vllm-arg", vllm_arg)) if value]  # fmt: skip
+                     ("--cores", cores), ("--vllm-arg", vllm_arg),
+                     ("--cpu-kv-blocks", cpu_kv_blocks is not None)) if value]  # fmt: skip
         _serve_sim(profile, vllm_only, policy, host, port, token, num_blocks, max_model_len)
     if model is None:
         typer.echo("error: --engine vllm needs --model (vllm serves a model directory)", err=True)
@@ -810,6 +839,7 @@ def serve(
             num_blocks=num_blocks or VLLM_NUM_BLOCKS,
             cores=cores,
             vllm_args=tuple(vllm_arg or ()),
+            cpu_kv_blocks=cpu_kv_blocks,
         )
         code = run_serve(options)
     except (ServeError, RuntimeError) as exc:  # RuntimeError: vLLM did not start
@@ -899,6 +929,8 @@ def sim_run(
     sessions: SimSessions = 200,
     seed: SimSeed = 1,
     tool_cores: SimToolCores = 16,
+    cpu_tier_ratio: SimCpuTierRatio = None,
+    replicas: SimReplicas = 1,
     out: SimOut = Path("out/sim"),
     jobs: SimJobs = 1,
     report: SimReport = True,
@@ -913,6 +945,8 @@ def sim_run(
         sessions,
         seed,
         tool_cores,
+        cpu_tier_ratio,
+        replicas,
         out,
         jobs,
         report,
@@ -929,6 +963,8 @@ def sim_sweep(
     sessions: SimSessions = 200,
     seed: SimSeed = 1,
     tool_cores: SimToolCores = 16,
+    cpu_tier_ratio: SimCpuTierRatio = None,
+    replicas: SimReplicas = 1,
     out: SimOut = Path("out/sweep"),
     jobs: SimJobs = 1,
     report: SimReport = True,
@@ -945,6 +981,8 @@ def sim_sweep(
         sessions,
         seed,
         tool_cores,
+        cpu_tier_ratio,
+        replicas,
         out,
         jobs,
         report,

@@ -11,6 +11,7 @@ vLLM's whole group, so nothing is left running.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import tempfile
 import types
@@ -26,6 +27,7 @@ from agentmars.server.engines.vllm.launch import (
 )
 from agentmars.server.engines.vllm.plugin_config import PluginConfig, PluginConfigError
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app, run_gateway
+from agentmars.server.policies.capabilities import Capability
 
 PLUGIN_CLASS = "agentmars.server.engines.vllm.plugin.AgentmarsScheduler"
 VLLM_PYTHON_ENV = "AGENTMARS_VLLM_PYTHON"
@@ -50,6 +52,26 @@ class ServeOptions:
     vllm_args: tuple[str, ...]
     profile: str | None = None
     """The plugin's cost profile (``AGENTMARS_PROFILE``)."""
+    cpu_kv_blocks: int | None = None
+    """The CPU KV tier's size in KV blocks (``--cpu-kv-blocks``; 0: none); None: as many
+    as the GPU's (seed 003's tight 1x) for a policy whose engine half needs or uses a
+    CPU tier, else none."""
+
+    def cpu_tier_blocks(self) -> int:
+        """The CPU tier vLLM starts with (``cpu_kv_blocks``, or its default)."""
+        if self.cpu_kv_blocks is not None:
+            return self.cpu_kv_blocks
+        try:
+            _, half = self._plugin_config(cpu_tier=True).make_engine_half()
+        except PluginConfigError:
+            return 0  # check() says why
+        return self.num_blocks if Capability.CPU_TIER in half.needs | half.uses else 0
+
+    def _plugin_config(self, *, cpu_tier: bool) -> PluginConfig:
+        env = {"AGENTMARS_POLICY": self.policy, "AGENTMARS_HINTS_ADDR": "ipc://check"}
+        if self.profile is not None:
+            env["AGENTMARS_PROFILE"] = self.profile
+        return dataclasses.replace(PluginConfig.from_env(env), cpu_tier=cpu_tier)
 
     def check(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -63,12 +85,11 @@ class ServeOptions:
             check_kv_holds_context(self.num_blocks, self.max_model_len)
         except ValueError as error:
             raise ServeError(f"--num-blocks {self.num_blocks}: {error}") from None
+        if self.cpu_kv_blocks is not None and self.cpu_kv_blocks < 0:
+            raise ServeError(f"--cpu-kv-blocks {self.cpu_kv_blocks}: must not be negative")
         # The plugin's own check, before vLLM takes a minute to start and refuse.
-        env = {"AGENTMARS_POLICY": self.policy, "AGENTMARS_HINTS_ADDR": "ipc://check"}
-        if self.profile is not None:
-            env["AGENTMARS_PROFILE"] = self.profile
         try:
-            config = PluginConfig.from_env(env)
+            config = self._plugin_config(cpu_tier=self.cpu_tier_blocks() > 0)
             config.make_engine_half()
             config.costs()
         except PluginConfigError as error:
@@ -116,6 +137,7 @@ def serve(options: ServeOptions) -> int:
         num_blocks=options.num_blocks,
         cores=options.cores,
         otlp_traces_endpoint=traces_endpoint_from_env(),
+        cpu_kv_blocks=options.cpu_tier_blocks(),
         extra_args=("--scheduler-cls", PLUGIN_CLASS, *options.vllm_args),
     )
     try:

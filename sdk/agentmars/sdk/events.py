@@ -327,6 +327,9 @@ class KVStats(Event):
     cpu_free_blocks: Count = 0
     steps: Count | None = None
     """Engine steps that scheduled any token so far, when the engine counts them."""
+    replica: Count | None = None
+    """Which engine replica the figures are of, behind a gateway that routes over
+    several (None: the only one)."""
 
     @classmethod
     def of_pool(cls, *, total: int, free: int, pinned: int, **fields: Any) -> KVStats:

@@ -354,3 +354,18 @@ def test_summary_json_round_trip() -> None:
     assert data["goodput"] == {"1.0": 1 / WINDOW, "2.0": 1 / WINDOW, "3.0": 2 / WINDOW}
     assert data["ttft_by_turn_s"]["1"]["p50"] == 2.0
     assert RunSummary.model_validate(data) == summary
+
+
+def test_loaded_throughput_counts_the_calls_that_end_while_sessions_still_arrive() -> None:
+    summary = summarize(_three_sessions())
+    # Arrivals from 4 s to 20 s; the calls ending in that span: s1's (20 tokens, at
+    # 14 s) and s2's first (5 tokens, at 10 s); s2's second ends at 25 s, s3's at 22 s
+    # and 80 s: the drain.
+    assert summary.loaded_output_tokens_per_s == pytest.approx(25 / 16)
+    assert summary.loaded_calls_per_s == pytest.approx(2 / 16)
+
+
+def test_loaded_throughput_is_none_when_every_session_arrived_at_once() -> None:
+    record = run([session("s", 0, 5, calls=[call(0, 0, 1.0, 4, 1.0)])], duration_s=5)
+    summary = summarize(record)
+    assert summary.loaded_output_tokens_per_s is None and summary.loaded_calls_per_s is None

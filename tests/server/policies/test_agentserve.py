@@ -308,8 +308,9 @@ def test_short_resume_prefills_run_with_the_decodes_long_ones_beside_them() -> N
     assert isinstance(half, AgentServeEngine)
     ended(half, "a", 100, 12)
     short = CallData("a/1", "a", 1, prompt_tokens=96 + 40, follows_tool=True)
-    assert half.runs_with_decodes(short, sim)
-    assert not half.runs_with_decodes(replace(short, prompt_tokens=96 + 600), sim)
+    engine = sim.replicas[0]
+    assert half.runs_with_decodes(short, engine)
+    assert not half.runs_with_decodes(replace(short, prompt_tokens=96 + 600), engine)
 
 
 def test_the_vllm_plugin_never_claims_the_sm_partition_and_agentserve_starts_there() -> None:

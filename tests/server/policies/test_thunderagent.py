@@ -316,14 +316,16 @@ def test_a_program_is_paused_under_thrashing_and_restored_later() -> None:
     # 0.40: c arrives and waits: the stream says a program is paused.
     # 0.50: the figures show all 8 blocks free (a ended at 0.42, b's pin was dropped),
     #       but b is still paused: c still waits.
-    # 0.69: nothing runs: b is restored (92 <= 128), its call sent again, and the
-    #       engine publishes a session_resume; then c fits the newest figures (those
+    # 0.69: nothing runs: b is restored (92 <= 128), its held call goes back to the
+    #       engine (sent at 0.32: its TTFT counts from there), and the engine
+    #       publishes a session_resume; then c fits the newest figures (those
     #       of 0.50: 128 tokens, nothing admitted since): 16 <= 128. b still finds its
     #       16 tokens (nothing reused that block): first token 0.70, end 0.89; c ends
     #       0.71.
     assert ends(record) == pytest.approx({"a": 0.42, "b": 0.89, "c": 0.71})
     b_second = calls(record, "b")[1]
-    assert b_second.submit_s == pytest.approx(0.69)
+    assert b_second.submit_s == pytest.approx(0.32)
+    assert b_second.first_token_s == pytest.approx(0.70)
     assert b_second.cached_tokens == 16
     (c_session,) = [s for s in record.sessions if s.session_id == "c"]
     assert c_session.admitted_s == pytest.approx(0.69)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentmars.sdk.events import KVStats
+from agentmars.server.policies.admission_view import Replica
 from agentmars.server.policies.views import growth_blocks
 
 
@@ -156,6 +157,11 @@ class AdmissionData:
     queued_tools: int = 0
     tool_cores: int = 4
     tool_ema_s: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def replicas(self) -> list[Replica]:
+        """One engine, whose figures are ``kv``."""
+        return [Replica(0, self.kv, self.active_sessions)]
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)

@@ -333,7 +333,7 @@ def test_each_half_is_checked_against_what_its_host_provides() -> None:
     with_tier = flat_profile(cpu_kv_blocks=16)
     SimEngine(workload(spec), NeedsACPUTierAtTheGateway(), with_tier, SimConfig(cpu_tier=True))
     engine = SimEngine(workload(spec), make_policy("thunderagent-cpu"), with_tier)
-    assert engine.cpu_total_blocks == 16
+    assert engine.replicas[0].cpu_total_blocks == 16
 
 
 def test_a_profile_without_cpu_blocks_provides_no_cpu_tier() -> None:

@@ -43,7 +43,11 @@ def test_swapped_kv_leaves_the_cpu_tier_when_loaded_back_so_infercept_swaps_agai
     engine.run()
     assert [(s, free) for _, s, free in offloads] == [("a", 2), ("c", 2)]
     assert offloads[0][0] == pytest.approx(0.03) and offloads[1][0] == pytest.approx(1.53)
-    assert engine.cpu_free_blocks == 2 and engine.kv.cpu is not None and engine.kv.cpu.used == 0
+    assert (
+        engine.replicas[0].cpu_free_blocks == 2
+        and engine.kv.cpu is not None
+        and engine.kv.cpu.used == 0
+    )
 
 
 class SwapOnPreemption(EngineHalf):

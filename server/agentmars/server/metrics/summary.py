@@ -162,6 +162,13 @@ class RunSummary(BaseModel):
     prompt_tokens_per_s: float | None
     output_tokens_per_s: float | None
     steps_per_s: float | None
+    loaded_output_tokens_per_s: float | None = None
+    """Output tokens of the calls that ended while sessions were still arriving (from
+    the first arrival to the last), per second of that span: a closed loop's steady
+    state, without the drain of its last sessions (seed 003 §6.1 measures a fixed hour
+    of clients that restart at once); None when all sessions arrived at once."""
+    loaded_calls_per_s: float | None = None
+    """Calls (agent steps) that ended in the same span, per second."""
     kv: KVSummary
     cpu: CPUSummary
     fairness: FairnessSummary | None
@@ -219,10 +226,27 @@ def summarize(
         prompt_tokens_per_s=window.rate(sum(c.prompt_tokens for c in calls)) if window else None,
         output_tokens_per_s=window.rate(sum(c.output_tokens for c in calls)) if window else None,
         steps_per_s=window.rate(run.steps) if window else None,
+        **_loaded_rates(run, calls),
         kv=_kv_summary(run, calls, window, progress_bins),
         cpu=_cpu_summary(run, window),
         fairness=_fairness(run, fair_reference) if fair_reference is not None else None,
     )
+
+
+def _loaded_rates(run: RunRecord, calls: Sequence[CallRecord]) -> dict[str, float | None]:
+    """``loaded_output_tokens_per_s`` and ``loaded_calls_per_s``."""
+    if not run.sessions:
+        return {"loaded_output_tokens_per_s": None, "loaded_calls_per_s": None}
+    start = min(session.arrival_s for session in run.sessions)
+    stop = max(session.arrival_s for session in run.sessions)
+    if not stop > start:
+        return {"loaded_output_tokens_per_s": None, "loaded_calls_per_s": None}
+    ended = [call for call in calls if start <= call.end_s <= stop]
+    span = stop - start
+    return {
+        "loaded_output_tokens_per_s": sum(call.output_tokens for call in ended) / span,
+        "loaded_calls_per_s": len(ended) / span,
+    }
 
 
 def _check_parameters(alphas: Sequence[float], slo_factor: float, progress_bins: int) -> None:

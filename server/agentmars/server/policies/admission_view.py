@@ -8,7 +8,8 @@ side channel to the engine); everything else comes from ``observe``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from agentmars.sdk.events import (
     AnyEvent,
@@ -21,6 +22,15 @@ from agentmars.sdk.events import (
 from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
 
 
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """A ``ReplicaView``."""
+
+    index: int
+    kv: KVStats | None
+    sessions: int
+
+
 class StreamAdmissionView(FollowsTools):
     def __init__(
         self,
@@ -30,7 +40,11 @@ class StreamAdmissionView(FollowsTools):
         tool_cores: int,
         active_sessions: Callable[[], int] = lambda: 0,
         kv_source: Callable[[], KVStats | None] | None = None,
+        replicas: int = 1,
+        sessions_on: Callable[[int], int] | None = None,
     ) -> None:
+        """``replicas``: the engine replicas behind the gateway, whose ``kv_stats`` say
+        which they are of; ``sessions_on(index)``: the sessions placed on one."""
         self._clock = clock
         self.block_size = block_size
         self.tool_cores = tool_cores
@@ -38,11 +52,24 @@ class StreamAdmissionView(FollowsTools):
         """Set by the admission that owns the sessions."""
         self.tools = ToolActivity()
         self._kv_source = kv_source
-        self._kv_seen: KVStats | None = None
+        self._kv_seen: list[KVStats | None] = [None] * replicas
+        self._sessions_on = sessions_on
 
     @property
     def kv(self) -> KVStats | None:
-        return self._kv_source() if self._kv_source is not None else self._kv_seen
+        """The newest figures; behind several replicas, their sum."""
+        if self._kv_source is not None:
+            return self._kv_source()
+        if len(self._kv_seen) == 1:
+            return self._kv_seen[0]
+        return summed_kv(self._kv_seen)
+
+    @property
+    def replicas(self) -> list[Replica]:
+        if len(self._kv_seen) == 1:
+            return [Replica(0, self.kv, self.active_sessions)]
+        on = self._sessions_on or (lambda index: 0)
+        return [Replica(i, kv, on(i)) for i, kv in enumerate(self._kv_seen)]
 
     @property
     def now(self) -> float:
@@ -56,10 +83,12 @@ class StreamAdmissionView(FollowsTools):
         return -(-tokens // self.block_size)
 
     def observe(self, event: AnyEvent) -> None:
-        """Follow tool events, keep the newest KV figures and the tool cores the
-        sandbox says it has (until it says, the host's own guess)."""
+        """Follow tool events, keep the newest KV figures (of each replica) and the
+        tool cores the sandbox says it has (until it says, the host's own guess)."""
         if isinstance(event, KVStats):
-            self._kv_seen = event
+            index = event.replica or 0
+            if index < len(self._kv_seen):
+                self._kv_seen[index] = event
         elif isinstance(event, ToolStats) and event.cores is not None:
             self.tool_cores = event.cores
         self.tools.observe(event)
@@ -67,6 +96,30 @@ class StreamAdmissionView(FollowsTools):
     def runs_tools(self, session_id: str) -> bool:
         """The session has a tool call queued or running."""
         return self.tools.runs_tools(session_id)
+
+
+def summed_kv(figures: Sequence[KVStats | None]) -> KVStats | None:
+    """Several replicas' KV figures as one pool (None until each has reported)."""
+    if any(kv is None for kv in figures):
+        return None
+    known = [kv for kv in figures if kv is not None]
+    released: dict[str, int] = {}
+    for kv in known:
+        for reason, count in kv.released.items():
+            released[reason] = released.get(reason, 0) + count
+    return KVStats(
+        total_blocks=sum(kv.total_blocks for kv in known),
+        free_blocks=sum(kv.free_blocks for kv in known),
+        used_blocks=sum(kv.used_blocks for kv in known),
+        pinned_blocks=sum(kv.pinned_blocks for kv in known),
+        pins=sum(kv.pins for kv in known),
+        released=released,
+        cpu_total_blocks=sum(kv.cpu_total_blocks for kv in known),
+        cpu_free_blocks=sum(kv.cpu_free_blocks for kv in known),
+        mono_ns=max(kv.mono_ns for kv in known),
+        wall_ns=max(kv.wall_ns for kv in known),
+        source=known[0].source,
+    )
 
 
 class UnstartedPrompts:
@@ -77,17 +130,26 @@ class UnstartedPrompts:
     that moment."""
 
     def __init__(self) -> None:
-        self._by_session: dict[str, int] = {}
+        self._by_session: dict[str, tuple[int, int]] = {}
+        """Session -> (its prompt, the replica it was placed on)."""
         self.tokens = 0
+        self._on: dict[int, int] = {}
 
-    def add(self, session_id: str, tokens: int) -> None:
+    def add(self, session_id: str, tokens: int, replica: int = 0) -> None:
         """A session admitted with this prompt (one admitted again starts afresh)."""
         self.started(session_id)
-        self._by_session[session_id] = tokens
+        self._by_session[session_id] = (tokens, replica)
         self.tokens += tokens
+        self._on[replica] = self._on.get(replica, 0) + tokens
+
+    def on(self, replica: int) -> int:
+        """The unstarted prompts placed on one replica."""
+        return self._on.get(replica, 0)
 
     def started(self, session_id: str) -> None:
-        self.tokens -= self._by_session.pop(session_id, 0)
+        tokens, replica = self._by_session.pop(session_id, (0, 0))
+        self.tokens -= tokens
+        self._on[replica] = self._on.get(replica, 0) - tokens
 
     def observe(self, event: AnyEvent) -> None:
         # A call answered whole has no first token: its end says it ran.

@@ -39,7 +39,7 @@ class Capability(StrEnum):
 HOW_TO_PROVIDE = {
     Capability.COSTS: "start the vLLM plugin with a cost profile (--profile NAME or FILE)",
     Capability.CPU_TIER: "use an engine with a CPU KV tier (the simulator; a twin profile "
-    "with cpu_kv_blocks)",
+    "with cpu_kv_blocks; vLLM started by agentmars serve, which gives it one)",
     Capability.TICK: "use an engine that drives the policy's tick",
     Capability.PAUSE: "use an engine that can pause sessions",
     Capability.TOOL_FIGURES: "connect the gateway's side channel (--plugin-hints-addr) so "

@@ -112,6 +112,13 @@ class AdmissionHalf(_Half):
         """Sessions to admit now, in order (a prefix of a reordering of ``queue``)."""
         return queue
 
+    def place(self, session: SessionView, view: AdmissionView) -> int:
+        """The engine replica (an index of ``view.replicas``) that serves a session just
+        admitted, for its whole life: its KV lives there (session affinity). Asked only
+        behind several replicas. The default: the replica with the fewest sessions, the
+        first among equals."""
+        return min(view.replicas, key=lambda replica: (replica.sessions, replica.index)).index
+
     def tool_priority(self, session_id: str) -> int:
         """Where the session's queued tool calls go in the sandbox pool's queue (lower
         first; ties FIFO): the CPU side of co-scheduling. The gateway sends it with

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import math
 from typing import Any, TypeVar
 
 from agentmars.server.policies.interface import Policy
@@ -24,6 +25,7 @@ POLICY_MODULES = (
     "agentmars.server.policies.mars",
     "agentmars.server.policies.mars_api",
     "agentmars.server.policies.agentserve",
+    "agentmars.server.policies.mori",
 )
 
 _registry: dict[str, type[Policy]] = {}
@@ -106,6 +108,17 @@ def describe_policy(name: str) -> str:
     """The first line of the policy's docstring."""
     doc = inspect.getdoc(policy_class(name)) or ""
     return doc.splitlines()[0] if doc else ""
+
+
+def require_positive_numbers(settings: Any) -> None:
+    """Check that every field of a policy's settings dataclass is a finite number > 0
+    (``ValueError`` naming the first that is not)."""
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ValueError(f"{field.name} must be a number, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{field.name} must be a finite number > 0, got {value!r}")
 
 
 def settings_signature(settings_class: type) -> inspect.Signature:

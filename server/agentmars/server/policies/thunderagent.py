@@ -41,8 +41,9 @@ class ThunderAgent(Policy):
     shortest context first (a paused program loses its KV and its calls wait). When
     there is room again it restores paused programs, Reasoning first (those whose tool
     has finished), shortest first. New programs wait while any program is paused or
-    their prompt does not fit in what is left. One engine, so the best-fit-decreasing
-    placement across replicas reduces to that fit check.
+    their prompt does not fit in what is left; behind several replicas, each goes to
+    the one with the most room left (best-fit-decreasing across replicas), and stays
+    there.
 
     The two halves: the engine half pauses and restores (it sees the contexts) and the
     engine publishes each pause and resume; the admission half holds new programs while
@@ -53,7 +54,7 @@ class ThunderAgent(Policy):
     head of the queue, where every later program would wait behind it for good."""
 
     name = "thunderagent"
-    variant = "ThunderAgent paper as described by seed 003 (TA), one replica"
+    variant = "ThunderAgent paper as described by seed 003 (TA)"
 
     def __init__(self, check_interval_s: float = CHECK_INTERVAL_S) -> None:
         if check_interval_s <= 0:
@@ -78,6 +79,8 @@ class ThunderAgentAdmission(AdmissionHalf):
     def __init__(self) -> None:
         self._paused: set[str] = set()
         self._unstarted = UnstartedPrompts()
+        self._placed: dict[str, int] = {}
+        """Where ``admit`` fitted each session it let in (``place`` hands it over)."""
 
     def on_event(self, event: AnyEvent) -> None:
         self._unstarted.observe(event)
@@ -86,22 +89,50 @@ class ThunderAgentAdmission(AdmissionHalf):
         elif isinstance(event, SessionResume | SessionEnd):
             self._paused.discard(event.session_id)
 
+    def holds_new(self) -> bool:
+        """New programs wait (ThunderAgent: while any program is paused)."""
+        return bool(self._paused)
+
+    def order(self, queue: Sequence[SessionView]) -> Sequence[SessionView]:
+        """The order new programs are fitted in (ThunderAgent: arrival)."""
+        return queue
+
     def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:
-        if self._paused or view.kv is None:
+        """Fit each prompt into the replica with the most room (free KV less the prompts
+        placed there that have not started): the best-fit-decreasing placement across
+        replicas as seed 003 describes it ("the replica with the most available
+        capacity first")."""
+        replicas = view.replicas
+        if self.holds_new() or any(replica.kv is None for replica in replicas):
             return ()
-        capacity = view.kv.total_blocks * view.block_size
-        room = view.kv.free_blocks * view.block_size - self._unstarted.tokens
+        room = {
+            replica.index: replica.kv.free_blocks * view.block_size
+            - self._unstarted.on(replica.index)
+            for replica in replicas
+            if replica.kv is not None
+        }
+        largest = max(
+            replica.kv.total_blocks * view.block_size
+            for replica in replicas
+            if replica.kv is not None
+        )
         admitted = []
-        for session in queue:
-            if session.prompt_tokens > capacity:
+        for session in self.order(queue):
+            index = max(room, key=lambda i: (room[i], -i))
+            if session.prompt_tokens > largest:
+                self._placed[session.session_id] = index
                 admitted.append(session)
                 continue
-            if session.prompt_tokens > room:
+            if session.prompt_tokens > room[index]:
                 break
-            room -= session.prompt_tokens
-            self._unstarted.add(session.session_id, session.prompt_tokens)
+            room[index] -= session.prompt_tokens
+            self._placed[session.session_id] = index
+            self._unstarted.add(session.session_id, session.prompt_tokens, index)
             admitted.append(session)
         return admitted
+
+    def place(self, session: SessionView, view: AdmissionView) -> int:
+        return self._placed.pop(session.session_id, 0)
 
 
 class ThunderAgentEngine(EngineHalf):

@@ -228,6 +228,22 @@ def growth_blocks(call: CallView, blocks_for: Callable[[int], int]) -> int:
     return max(whole - blocks_for(call.num_computed_tokens), 0)
 
 
+class ReplicaView(Protocol):
+    """One engine replica as the gateway knows it (seed 003 §4.1: the gateway places
+    sessions on replicas)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def kv(self) -> KVStats | None:
+        """Its newest KV figures (None until any arrived)."""
+
+    @property
+    def sessions(self) -> int:
+        """Admitted sessions placed on it that have not ended."""
+
+
 class AdmissionView(ToolFigures, Protocol):
     """What the gateway knows at a decision of the admission half, read-only."""
 
@@ -243,6 +259,11 @@ class AdmissionView(ToolFigures, Protocol):
     @property
     def active_sessions(self) -> int:
         """Admitted sessions that have not ended (in the engine, at a tool, or between)."""
+
+    @property
+    def replicas(self) -> Sequence[ReplicaView]:
+        """The engine replicas behind the gateway, by index (one for a single engine,
+        whose ``kv`` is then the view's)."""
 
     def blocks_for(self, tokens: int) -> int:
         """KV blocks that ``tokens`` tokens of context occupy."""

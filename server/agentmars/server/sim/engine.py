@@ -37,14 +37,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from enum import IntEnum
+from dataclasses import dataclass
 from typing import Any
 
 from agentmars.sdk.events import (
     AnyEvent,
+    KVStats,
     LLMEnd,
     LLMFirstToken,
     LLMSubmit,
@@ -64,15 +63,15 @@ from agentmars.server.metrics.records import (
 )
 from agentmars.server.policies.admission_view import StreamAdmissionView
 from agentmars.server.policies.capabilities import Capability, PolicyRefused, refuse_unless
-from agentmars.server.policies.interface import Policy, SessionAction
-from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
-from agentmars.server.profiles.cost_model import CostModel, Profile, StepShape
-from agentmars.server.sim.engine_core import KVEngineView, partition_time
+from agentmars.server.policies.interface import EngineHalf, Policy
+from agentmars.server.policies.tool_activity import ToolActivity
+from agentmars.server.profiles.cost_model import CostModel, Profile
+from agentmars.server.sim.clock import Rank, Scheduled
 from agentmars.server.sim.entities import Call, Session
-from agentmars.server.sim.entities import Pin as PinEntity
 from agentmars.server.sim.host_cpu import HostCPU
 from agentmars.server.sim.kv_cache import KVCache
-from agentmars.server.sim.scheduler import Scheduler, Step
+from agentmars.server.sim.replica import Replica
+from agentmars.server.sim.scheduler import Scheduler
 from agentmars.server.workloads.model import SessionSpec, Workload
 
 logger = logging.getLogger(__name__)
@@ -94,7 +93,10 @@ class SimConfig:
     tool_slots: int | None = None
     """At most this many tools at once, the rest queue (None: no limit)."""
     cpu_tier: bool | None = None
-    """Simulate the CPU KV tier (None: when the policy needs it)."""
+    """Simulate the CPU KV tier (None: when the policy needs or uses it)."""
+    cpu_tier_ratio: float | None = None
+    """The CPU KV tier's blocks as a multiple of the GPU's (None: the profile's
+    ``cpu_kv_blocks``); seed 003 runs 1x (tight) and 2x (relaxed)."""
     num_gpu_blocks: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -108,32 +110,20 @@ class SimConfig:
     side channel publishes at 10 Hz)."""
     max_virtual_s: float = 30 * 24 * 3600.0
     """Stop with an error past this virtual time (a policy that never finishes)."""
+    replicas: int = 1
+    """Engine replicas behind the gateway, each a whole engine of the profile (seed 003
+    §6.2.2's DP=3); the host's tool cores are shared."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
+            raise SimError(f"replicas must be an integer >= 1, got {self.replicas!r}")
+        if self.replicas < 1:
+            raise SimError(f"replicas must be an integer >= 1, got {self.replicas!r}")
 
 
-class _Rank(IntEnum):
-    STEP_END = 0
-    PREFILL_END = 0
-    TOOL_DONE = 1
-    CALL_SUBMIT = 2
-    SESSION_ARRIVAL = 3
-    PIN_EXPIRY = 4
-    TICK = 5
-    KV_STATS = 6
-    ADMISSION_PASS = 7
-    STEP_START = 9
-
-
-@dataclass(order=True)
-class _Event:
-    time: float
-    rank: int
-    seq: int
-    handler: Callable[[Any], None] = field(compare=False)
-    arg: Any = field(compare=False, default=None)
-
-
-class SimEngine(KVEngineView, FollowsTools):
-    """Runs one workload under one policy; it is also the engine half's ``EngineView``."""
+class SimEngine:
+    """Runs one workload under one policy on a node of ``config.replicas`` engines
+    (``sim.replica``) behind one gateway."""
 
     def __init__(
         self,
@@ -152,11 +142,15 @@ class SimEngine(KVEngineView, FollowsTools):
         self._on_progress = on_progress
         self.now = 0.0
         self.admission = policy.admission()
-        self.engine_half = engine_half = policy.engine()
+        halves = [policy.engine() for _ in range(self.config.replicas)]
+        engine_half = halves[0]
         cpu_tier = self.config.cpu_tier
         if cpu_tier is None:
             cpu_tier = Capability.CPU_TIER in engine_half.needs | engine_half.uses
-        cpu_tier = cpu_tier and profile.cpu_kv_blocks > 0
+        num_blocks = self.config.num_gpu_blocks or profile.num_gpu_blocks
+        ratio = self.config.cpu_tier_ratio
+        cpu_blocks = profile.cpu_kv_blocks if ratio is None else round(ratio * num_blocks)
+        cpu_tier = cpu_tier and cpu_blocks > 0
         provides = set(Capability) - (set() if cpu_tier else {Capability.CPU_TIER})
         if not profile.sm_share_curves:
             provides.discard(Capability.SM_PARTITION)
@@ -165,76 +159,86 @@ class SimEngine(KVEngineView, FollowsTools):
             refuse_unless(policy.name, self.admission.needs, provides, "the simulated gateway")
         except PolicyRefused as error:
             raise SimError(str(error)) from None
-        self.admission.publish = engine_half.publish = self._emit
-        self.partitioned = Capability.SM_PARTITION in provides and (
+        self.admission.publish = self.emit
+        partitioned = Capability.SM_PARTITION in provides and (
             Capability.SM_PARTITION in engine_half.needs | engine_half.uses
         )
-        """Steps run in the half's SM partition (``decode_sm_share``), prefills and
-        decodes at the same time (docs/simulator.md "The SM partition")."""
-        if Capability.SM_PARTITION in engine_half.uses and not self.partitioned:
+        if Capability.SM_PARTITION in engine_half.uses and not partitioned:
             logger.info(
                 "policy %s: profile %s has no SM-share curves; its decode SM share is "
                 "ignored (one shared step, no partition)",
                 policy.name,
                 profile.name,
             )
-        self._prefill_busy = False
-        """The prefill partition computes a chunk (until its ``_on_prefill_end``)."""
-        num_blocks = self.config.num_gpu_blocks or profile.num_gpu_blocks
         self._check_fits(workload, min(profile.max_model_len, num_blocks * profile.block_size))
-        self.kv = KVCache(
-            num_blocks,
-            profile.block_size,
-            profile.cpu_kv_blocks if cpu_tier else 0,
-            self._count_eviction,
-            offload_evicted=engine_half.offload_evicted,
-            transfer_time=self.cost.transfer_time,
-            watch=self,
-        )
         self.host = HostCPU(self.config.tool_cores, self.config.tool_slots)
         self.tools = ToolActivity()
+        self.replicas = [
+            Replica(
+                self,
+                index,
+                half,
+                num_blocks=num_blocks,
+                cpu_blocks=cpu_blocks if cpu_tier else 0,
+                partitioned=partitioned,
+            )
+            for index, half in enumerate(halves)
+        ]
+        for half in halves:
+            half.publish = self.emit
         self.admission_view = StreamAdmissionView(
             clock=lambda: self.now,
             block_size=profile.block_size,
             tool_cores=self.config.tool_cores,
-            active_sessions=lambda: len(self._sessions),
+            active_sessions=lambda: len(self.sessions),
+            replicas=len(self.replicas),
+            sessions_on=lambda index: self.replicas[index].sessions,
         )
-        self.scheduler = Scheduler(
-            self.kv,
-            engine_half,
-            self,
-            max_num_seqs=self.config.max_num_seqs or profile.max_num_seqs,
-            max_num_batched_tokens=self.config.max_num_batched_tokens
-            or profile.max_num_batched_tokens,
-            load_done_at=self._load_done_at,
-        )
-        self._heap: list[_Event] = []
+        self.heap: list[Scheduled] = []
+        self._ticks = 0
+        """Replicas' ticks in the heap."""
         self._seq = itertools.count()
-        self._call_ids = itertools.count()
-        self._stepping = False
-        self._start_pending = False
-        self._gateway: list[Session] = []
-        self._sessions: dict[str, Session] = {}
+        self.gateway: list[Session] = []
+        self.sessions: dict[str, Session] = {}
+        self._placed: dict[str, Replica] = {}
+        """Each admitted session's replica, until its ``session_end`` is out."""
         self._pending_specs = list(workload.sessions)
         self._tools: dict[str, tuple[Session, ToolRecord]] = {}
         self._tool_version = 0
-        self._kv_published: tuple[int, int, int] | None = None
-        self._kv_stats_pending = False
         self._pass_pending = False
-        self._channel_free_s = 0.0
         self._pinned_since = 0.0
         self._next_sample_s = 0.0
         self.record = RunRecord(
             workload=workload.name,
             policy=policy.name,
-            engine=f"sim:{profile.name}",
+            engine=f"sim:{profile.name}"
+            + (f" x{len(self.replicas)}" if len(self.replicas) > 1 else ""),
             seed=workload.seed,
             sessions=[],
             duration_s=0.0,
-            total_blocks=self.kv.pool.num_blocks,
+            total_blocks=sum(replica.kv.pool.num_blocks for replica in self.replicas),
             block_size=profile.block_size,
             tool_cores=self.config.tool_cores,
         )
+
+    @property
+    def replicas_count(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def engine_half(self) -> EngineHalf:
+        """The first replica's engine half (with one replica, the engine's)."""
+        return self.replicas[0].engine_half
+
+    @property
+    def kv(self) -> KVCache:
+        """The first replica's KV cache (with one replica, the engine's)."""
+        return self.replicas[0].kv
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The first replica's scheduler (with one replica, the engine's)."""
+        return self.replicas[0].scheduler
 
     @staticmethod
     def _check_fits(workload: Workload, limit: int) -> None:
@@ -248,52 +252,65 @@ class SimEngine(KVEngineView, FollowsTools):
                 f"e.g. {too_long[0]!r}; build the workload with max_context set to it"
             )
 
-    # --- EngineView (the rest is KVEngineView's) ------------------------------------------
-
-    @property
-    def active_sessions(self) -> int:
-        return len(self._sessions)
-
-    @property
-    def tool_cores(self) -> int:
-        return self.host.cores
-
     # --- the event loop ------------------------------------------------------------------
 
     def run(self) -> RunRecord:
         """Simulate until every session has ended; return what happened."""
         self._schedule_arrivals()
-        self._publish_kv_stats(None)
-        if self.engine_half.tick_interval_s:
-            self._push(self.engine_half.tick_interval_s, _Rank.TICK, self._on_tick)
-        while self._heap:
-            event = heapq.heappop(self._heap)
+        for replica in self.replicas:
+            replica.start()
+        while self.heap:
+            event = heapq.heappop(self.heap)
+            self._ticks -= event.rank is Rank.TICK
             if event.time > self.config.max_virtual_s:
                 raise SimError(
                     f"virtual time passed {self.config.max_virtual_s} s: the run does not end"
                 )
             self._advance_to(event.time)
             event.handler(event.arg)
-            self._plan_kv_stats()
+            for replica in self.replicas:
+                replica.plan_kv_stats()
         self._finish_record()
         return self.record
 
-    def _push(
-        self, time: float, rank: _Rank, handler: Callable[[Any], None], arg: Any = None
+    def push(
+        self, time: float, rank: Rank, handler: Callable[[Any], None], arg: Any = None
     ) -> None:
-        heapq.heappush(self._heap, _Event(time, rank, next(self._seq), handler, arg))
+        """Have ``handler(arg)`` called at ``time`` (``sim.clock``)."""
+        heapq.heappush(self.heap, Scheduled(time, rank, next(self._seq), handler, arg))
+        self._ticks += rank is Rank.TICK
+
+    def busy(self) -> bool:
+        """Sessions are at the gateway or admitted, or something other than the
+        replicas' ticks is to come (a tick alone does not keep the run going)."""
+        return bool(self.sessions or self.gateway or len(self.heap) > self._ticks)
 
     def _advance_to(self, time: float) -> None:
-        self.record.pinned_block_s += self.kv.pinned_blocks * (time - self._pinned_since)
+        pinned = sum(replica.kv.pinned_blocks for replica in self.replicas)
+        self.record.pinned_block_s += pinned * (time - self._pinned_since)
         self._pinned_since = time
         self.now = time
 
-    def _emit(self, event: AnyEvent) -> None:
-        """Hand an event of the stream to both halves (and to what the views follow)."""
+    def emit(self, event: AnyEvent) -> None:
+        """Hand an event of the stream to both halves (and to what the views follow):
+        to the admission half, and to the engine half of the replica it concerns (a
+        session's, or the replica whose KV figures it carries), or of every replica."""
         self.tools.observe(event)
         self.admission_view.observe(event)
-        self.engine_half.on_event(event)
+        for replica in self._replicas_of(event):
+            replica.engine_half.on_event(event)
         self.admission.on_event(event)
+
+    def _replicas_of(self, event: AnyEvent) -> Sequence[Replica]:
+        if len(self.replicas) == 1:
+            return self.replicas
+        session_id = getattr(event, "session_id", None)
+        if session_id is not None:
+            placed = self._placed.get(session_id)
+            return (placed,) if placed is not None else ()
+        if isinstance(event, KVStats) and event.replica is not None:
+            return (self.replicas[event.replica],)
+        return self.replicas
 
     def stamp(self) -> dict[str, Any]:
         ns = round(self.now * 1e9)
@@ -305,12 +322,12 @@ class SimEngine(KVEngineView, FollowsTools):
         if self.workload.arrival == "closed":
             assert self.workload.concurrency is not None
             for _ in range(min(self.workload.concurrency, len(self._pending_specs))):
-                self._push(
-                    0.0, _Rank.SESSION_ARRIVAL, self._on_session_arrival, self._pending_specs.pop(0)
+                self.push(
+                    0.0, Rank.SESSION_ARRIVAL, self._on_session_arrival, self._pending_specs.pop(0)
                 )
         else:
             for spec in self._pending_specs:
-                self._push(spec.arrival_s, _Rank.SESSION_ARRIVAL, self._on_session_arrival, spec)
+                self.push(spec.arrival_s, Rank.SESSION_ARRIVAL, self._on_session_arrival, spec)
             self._pending_specs = []
 
     def _on_session_arrival(self, spec: SessionSpec) -> None:
@@ -318,22 +335,23 @@ class SimEngine(KVEngineView, FollowsTools):
             spec.session_id, spec.agent, self.now, self.now, self.now, task_id=spec.task_id
         )
         session = Session(spec, self.now, record)
-        self.kv.register(session)
-        self._gateway.append(session)
-        self._admit_sessions()
+        self.gateway.append(session)
+        self.admit_sessions()
 
-    def _admit_sessions(self) -> None:
-        if not self._gateway:
+    def admit_sessions(self) -> None:
+        """Let in the sessions the admission half admits now, each placed on a replica."""
+        if not self.gateway:
             return
-        for session in list(self.admission.admit(self._gateway, self.admission_view)):
+        for session in list(self.admission.admit(self.gateway, self.admission_view)):
             assert isinstance(session, Session)
-            self._gateway.remove(session)
-            self._sessions[session.session_id] = session
+            self.gateway.remove(session)
+            self._place(session)
+            self.sessions[session.session_id] = session
             session.record.admitted_s = self.now
             # The agent instance travels as the SDK sends it (VTC's client, seed 004).
             task = session.spec.task_id
             metadata = {"task_id": task} if task else {}
-            self._emit(
+            self.emit(
                 SessionStart(
                     session_id=session.session_id,
                     agent=session.agent,
@@ -343,6 +361,20 @@ class SimEngine(KVEngineView, FollowsTools):
             )
             self._send_call(session)
         self._plan_admission_pass()
+
+    def _place(self, session: Session) -> None:
+        replica = self.replicas[0]
+        if len(self.replicas) > 1:
+            index = self.admission.place(session, self.admission_view)
+            if not 0 <= index < len(self.replicas):
+                raise SimError(
+                    f"policy {self.policy.name!r} placed session {session.session_id!r} on "
+                    f"replica {index!r}; there are {len(self.replicas)}"
+                )
+            replica = self.replicas[index]
+        replica.kv.register(session)
+        replica.sessions += 1
+        self._placed[session.session_id] = replica
 
     def _send_call(self, session: Session) -> None:
         spec = session.spec
@@ -362,44 +394,63 @@ class SimEngine(KVEngineView, FollowsTools):
                 session.turn, self.now, self.now, self.now, spec.prompt_tokens(session.turn), 0
             ),
         )
+        self._announce(call)
         if session.paused:
+            # Held as the real engine holds it: the gateway has seen the call (its
+            # ``llm_submit``, and the call's TTFT counts from here), the engine has not.
             session.held.append(call)
             return
-        self._submit(call)
+        self.submit(call)
 
-    def _submit(self, call: Call) -> None:
-        call.arrival_s = call.record.submit_s = self.now
-        self._emit(
+    def _announce(self, call: Call) -> None:
+        """The call enters the serving path (the gateway's ``llm_submit``)."""
+        self.emit(
             LLMSubmit(
                 session_id=call.session_id,
                 call_id=call.call_id,
                 turn=call.turn,
                 projected_prompt_tokens=call.prompt_tokens,
-                projected_kv_blocks=self.kv.blocks_for(call.prompt_tokens + call.max_tokens),
+                projected_kv_blocks=self.replica_of(call).kv.blocks_for(
+                    call.prompt_tokens + call.max_tokens
+                ),
                 max_tokens=call.max_tokens,
                 follows_tool=call.follows_tool,
                 expects_tool=call.expects_tool,
                 **self.stamp(),
             )
         )
+
+    def replica_of(self, call: Call) -> Replica:
+        return self._placed[call.session_id]
+
+    def submit(self, call: Call) -> None:
+        """The call goes to its session's engine (after the profile's request overhead)."""
+        call.arrival_s = self.now
         overhead = self.profile.request_overhead_s
         if overhead > 0:
-            self._push(self.now + overhead, _Rank.CALL_SUBMIT, self._enqueue, call)
+            self.push(self.now + overhead, Rank.CALL_SUBMIT, self._enqueue, call)
         else:
             self._enqueue(call)
 
     def _enqueue(self, call: Call) -> None:
-        """The call reaches the scheduler (after the profile's request overhead)."""
-        self.scheduler.waiting.append(call)
-        self._wake()
+        """The call reaches the scheduler (after the profile's request overhead), unless
+        its session was paused meanwhile."""
+        if call.session.paused:
+            call.session.held.append(call)
+            return
+        replica = self.replica_of(call)
+        replica.scheduler.waiting.append(call)
+        replica.wake()
 
     def _end_session(self, session: Session) -> None:
-        del self._sessions[session.session_id]
-        self.kv.unpin(session.session_id, "session_end")
-        self.kv.release_swapped(session.session_id)
+        del self.sessions[session.session_id]
+        replica = self._placed[session.session_id]
+        replica.sessions -= 1
+        replica.kv.unpin(session.session_id, "session_end")
+        replica.kv.release_swapped(session.session_id)
         session.record.end_s = self.now
         self.record.sessions.append(session.record)
-        self._emit(
+        self.emit(
             SessionEnd(
                 session_id=session.session_id,
                 turns=len(session.spec.turns),
@@ -407,141 +458,25 @@ class SimEngine(KVEngineView, FollowsTools):
                 **self.stamp(),
             )
         )
+        del self._placed[session.session_id]
         if self._on_progress is not None:
             self._on_progress(len(self.record.sessions))
         if self._pending_specs:
-            self._push(
+            self.push(
                 self.now,
-                _Rank.SESSION_ARRIVAL,
+                Rank.SESSION_ARRIVAL,
                 self._on_session_arrival,
                 self._pending_specs.pop(0),
             )
-        self._admit_sessions()
+        self.admit_sessions()
 
-    # --- engine steps ------------------------------------------------------------------
+    # --- tokens, finished calls, KV decisions and tools -----------------------------------
 
-    def _wake(self) -> None:
-        """Start a step at this instant (after its other events) if the engine idles."""
-        if not self._stepping and not self._start_pending:
-            self._start_pending = True
-            self._push(self.now, _Rank.STEP_START, self._on_step_start)
-
-    def _on_step_start(self, _: None) -> None:
-        self._start_pending = False
-        if self.engine_half.tick_interval_s == 0:
-            self._apply(self.engine_half.tick(self))
-        share = self._decode_share()
-        if share is not None:
-            self._start_partitioned(share)
-            return
-        jump = self._decode_jump()
-        if jump is not None:
-            self._stepping = True
-            self._push(jump[1], _Rank.STEP_END, self._on_jump_end, (jump[0], jump[1] - self.now))
-            return
-        step = self.scheduler.schedule(self.now)
-        if not step.batch:
-            self._wait_for_loads()
-            return
-        self._stepping = True
-        duration = self.step_duration(step, self.now)
-        self._push(self.now + duration, _Rank.STEP_END, self._on_step_end, (step, duration))
-
-    # --- the SM partition ---------------------------------------------------------------
-
-    def _decode_share(self) -> float | None:
-        """The half's decode SM share for this step, in [0, 1] (None: no partition)."""
-        if not self.partitioned:
-            return None
-        share = self.engine_half.decode_sm_share(self)
-        return None if share is None else min(max(float(share), 0.0), 1.0)
-
-    def _start_partitioned(self, share: float) -> None:
-        """A step in an SM partition: the decodes (and the prefills the half runs with
-        them) on ``share`` of the SMs, the other prefills on the rest, each side at its
-        own pace. The decode side steps as the engine does; the prefill side computes
-        one chunk at a time, and its calls sit out the decode side's steps until it is
-        done. A side with no SMs runs nothing."""
-        half = self.engine_half
-        lanes: dict[Call, bool] = {}
-
-        def with_decodes(call: Call) -> bool:
-            # Decided once per call and step, before its admission (what the half
-            # predicts of a waiting call), so that the call runs where it was let in.
-            if call not in lanes:
-                lanes[call] = call.decoding or half.runs_with_decodes(call, self)
-            return lanes[call]
-
-        prefill_open = share < 1.0 and not self._prefill_busy
-        decode_open = share > 0.0
-        if not (prefill_open and decode_open):
-            self.scheduler.blocked = lambda call: (
-                not (decode_open if with_decodes(call) else prefill_open)
-            )
-        jump = self._decode_jump(share) if decode_open else None
-        if jump is not None:
-            self.scheduler.blocked = None
-            self._stepping = True
-            self._push(jump[1], _Rank.STEP_END, self._on_jump_end, (jump[0], jump[1] - self.now))
-            return
-        try:
-            step = self.scheduler.schedule(self.now)
-        finally:
-            self.scheduler.blocked = None
-        decode_step, prefill_step = step.split(with_decodes)
-        swap_wait = max(step.swapped_out_s - self.now, 0.0)
-        if prefill_step.batch:
-            duration = partition_time(self.cost, self.profile, prefill_step.batch, 1.0 - share)
-            duration += swap_wait
-            for call, _ in prefill_step.batch:
-                call.ready_s = self.now + duration
-            self._prefill_busy = True
-            end = (prefill_step, duration)
-            self._push(self.now + duration, _Rank.PREFILL_END, self._on_prefill_end, end)
-        if decode_step.batch:
-            duration = partition_time(self.cost, self.profile, decode_step.batch, share)
-            duration += swap_wait
-            self._stepping = True
-            end = (decode_step, duration)
-            self._push(self.now + duration, _Rank.STEP_END, self._on_step_end, end)
-        elif not prefill_step.batch:
-            self._wait_for_loads()
-
-    def _on_prefill_end(self, arg: tuple[Step, float]) -> None:
-        step, duration = arg
-        self._prefill_busy = False
-        self.record.steps += 1
-        self.record.computed_tokens += sum(tokens for call, tokens in step.batch if call.blocks)
-        # A call preempted meanwhile lost its blocks (``settle`` skips it).
-        for call in self.settle(step, duration).produced:
-            self._add_token(call, 1)
-        self._after_step()
-
-    def _wait_for_loads(self) -> None:
-        """Nothing could run: wake up when the first CPU-tier load is done."""
-        loading = [call.ready_s for call in self.scheduler.running if call.ready_s > self.now]
-        if loading:
-            self._push(min(loading), _Rank.STEP_START, self._on_step_start)
-            self._start_pending = True
-
-    def _on_step_end(self, arg: tuple[Step, float]) -> None:
-        step, duration = arg
-        self._stepping = False
-        self.record.steps += 1
-        self.record.computed_tokens += sum(tokens for call, tokens in step.batch if call.blocks)
-        for call in self.settle(step, duration).produced:
-            self._add_token(call, 1)
-        self._after_step()
-
-    def _after_step(self) -> None:
-        self._sample_kv()
-        if self.scheduler.running or self.scheduler.waiting:
-            self._wake()
-
-    def _add_token(self, call: Call, tokens: int) -> None:
+    def add_token(self, call: Call, tokens: int) -> None:
+        """The call produced ``tokens`` more (its first: its TTFT); finished, it ends."""
         if call.output_tokens == 0:
             call.record.first_token_s = self.now
-            self._emit(
+            self.emit(
                 LLMFirstToken(
                     session_id=call.session_id,
                     call_id=call.call_id,
@@ -554,99 +489,22 @@ class SimEngine(KVEngineView, FollowsTools):
         if call.finished:
             self._finish_call(call)
 
-    # --- decode jumps ------------------------------------------------------------------
-
-    def _decode_jump(self, share: float | None = None) -> tuple[int, float] | None:
-        """(steps, end time) of a stretch of at least two decode-only steps that can be
-        taken at once, or None; with ``share``, on that share of the SMs."""
-        running = self.scheduler.running
-        if (
-            not self.config.decode_jumps
-            # A half that ticks at every step may act at any of them (InferCept swaps a
-            # budget per step): its steps are taken one by one.
-            or self.engine_half.tick_interval_s == 0
-            or self.scheduler.waiting
-            or not running
-            or len(running) > self.scheduler.budget
-            or any(
-                c.ready_s > self.now
-                or c.output_tokens == 0
-                or c.num_computed_tokens != c.num_tokens - 1
-                for c in running
-            )
-        ):
-            return None
-        steps = min(c.max_tokens - c.output_tokens for c in running)
-        steps = min(steps, self._steps_that_fit(running, steps))
-        next_event = self._heap[0].time if self._heap else float("inf")
-        seqs = len(running)
-        context = sum(c.num_tokens for c in running)
-        # NOTE: the end time is summed step by step from the very shape stepping would
-        # build (``Step.shape``: the batch's summed context grows by ``seqs`` a step), so
-        # that both order the same events the same way to the last bit.
-        end = self.now
-        taken = 0
-        while taken < steps and end < next_event:
-            shape = StepShape(decode_seqs=seqs, decode_context=context + taken * seqs)
-            if share is None:
-                end += self.cost.step_time(shape)
-            else:
-                end += self.cost.step_time(shape) / self.profile.sm_throughput("decode", share)
-            taken += 1
-        if taken < 2:
-            return None
-        for call in running:
-            grown = self.kv.grow(call, taken)
-            assert grown
-        return taken, end
-
-    def _steps_that_fit(self, running: Sequence[Call], limit: int) -> int:
-        """The most decode steps (up to ``limit``) whose new blocks are free now."""
-        free = self.kv.pool.num_free
-        low, high = 0, limit
-        while low < high:
-            mid = (low + high + 1) // 2
-            needed = sum(
-                max(self.kv.blocks_for(c.num_computed_tokens + mid) - len(c.blocks), 0)
-                for c in running
-            )
-            if needed <= free:
-                low = mid
-            else:
-                high = mid - 1
-        return low
-
-    def _on_jump_end(self, jump: tuple[int, float]) -> None:
-        steps, duration = jump
-        self._stepping = False
-        self.record.steps += steps
-        self.decode_steps += steps
-        self.decode_time_s += duration
-        for call in list(self.scheduler.running):
-            call.num_computed_tokens += steps
-            call.service_s += duration
-            self.record.computed_tokens += steps
-            self.kv.cache_full_blocks(call)
-            self._add_token(call, steps)
-        self._after_step()
-
-    # --- finished calls, KV decisions and tools -----------------------------------------
-
     def _finish_call(self, call: Call) -> None:
         session = call.session
-        self.scheduler.running.remove(call)
+        replica = self.replica_of(call)
+        replica.scheduler.running.remove(call)
         call.record.end_s = self.now
         call.record.output_tokens = call.output_tokens
         session.record.calls.append(call.record)
         last = session.turn == len(session.spec.turns) - 1
-        decision = self.engine_half.on_call_finished(call, self) if not last else None
+        decision = replica.engine_half.on_call_finished(call, replica) if not last else None
         freed = len(call.blocks)
-        pin = self.keep_or_free(call, decision, self.now)
+        pin = replica.keep_or_free(call, decision, self.now)
         if pin is not None:
             freed -= pin.blocks
             if pin.expires_s is not None:
-                self._push(pin.expires_s, _Rank.PIN_EXPIRY, self._on_pin_expiry, pin)
-        self._emit(
+                self.push(pin.expires_s, Rank.PIN_EXPIRY, replica.on_pin_expiry, pin)
+        self.emit(
             LLMEnd(
                 session_id=call.session_id,
                 call_id=call.call_id,
@@ -674,7 +532,7 @@ class SimEngine(KVEngineView, FollowsTools):
         # The CPU side of co-scheduling: the client passes the gateway's priority on to
         # the sandbox pool (docs/gateway.md), here the host asks the half directly.
         priority = self.admission.tool_priority(session.session_id)
-        self._emit(
+        self.emit(
             ToolEnqueue(
                 session_id=session.session_id,
                 call_id=self._tool_call_id(session),
@@ -696,7 +554,7 @@ class SimEngine(KVEngineView, FollowsTools):
 
     def _emit_tool_stats(self) -> None:
         """The host's tool pressure, as the sandbox pool reports it after each change."""
-        self._emit(
+        self.emit(
             ToolStats(
                 active=self.host.active,
                 queued=self.host.queued,
@@ -709,7 +567,7 @@ class SimEngine(KVEngineView, FollowsTools):
     def _tool_started(self, key: str) -> None:
         session, record = self._tools[key]
         record.start_s = self.now
-        self._emit(
+        self.emit(
             ToolStart(
                 session_id=key,
                 call_id=self._tool_call_id(session),
@@ -724,8 +582,8 @@ class SimEngine(KVEngineView, FollowsTools):
         self._tool_version += 1
         upcoming = self.host.next_finish()
         if upcoming is not None:
-            self._push(
-                upcoming[0], _Rank.TOOL_DONE, self._on_tool_done, (self._tool_version, upcoming[1])
+            self.push(
+                upcoming[0], Rank.TOOL_DONE, self._on_tool_done, (self._tool_version, upcoming[1])
             )
 
     def _on_tool_done(self, arg: tuple[int, str]) -> None:
@@ -738,7 +596,7 @@ class SimEngine(KVEngineView, FollowsTools):
         session, record = self._tools.pop(key)
         record.end_s = self.now
         duration = record.end_s - record.start_s
-        self._emit(
+        self.emit(
             ToolEnd(
                 session_id=key,
                 call_id=self._tool_call_id(session),
@@ -754,95 +612,35 @@ class SimEngine(KVEngineView, FollowsTools):
         session.turn += 1
         self._send_call(session)
 
-    def _on_pin_expiry(self, pin: PinEntity) -> None:
-        if self.kv.pins.get(pin.session_id) is not pin:
-            return
-        if any(call.session_id == pin.session_id for call in self.scheduler.waiting):
-            return  # its next call is here: the pin goes when that call is admitted
-        self.kv.unpin(pin.session_id, "expired")
-
-    def _on_tick(self, _: None) -> None:
-        self._apply(self.engine_half.tick(self))
-        if self.partitioned and (self.scheduler.running or self.scheduler.waiting):
-            # The partition may have changed: a side that had no SMs may run now.
-            self._wake()
-        interval = self.engine_half.tick_interval_s
-        if interval and (self._sessions or self._gateway or self._heap):
-            self._push(self.now + interval, _Rank.TICK, self._on_tick)
-
-    def _apply(self, actions: Sequence[SessionAction]) -> None:
-        self.apply(actions, self._sessions.get)
-        self._admit_sessions()
-
-    def announce(self, event: AnyEvent) -> None:
-        self._emit(event)
-
-    def resubmit(self, calls: list[Call]) -> None:
-        for call in calls:
-            self._submit(call)
-
-    # --- KV bookkeeping ----------------------------------------------------------------
-
-    def _count_eviction(self, blocks: int) -> None:
-        evictions = self.record.evictions
-        assert evictions is not None  # the simulator's record times every eviction
-        if evictions and evictions[-1][0] == self.now:
-            evictions[-1] = (self.now, evictions[-1][1] + blocks)
-        else:
-            evictions.append((self.now, blocks))
-
-    def _load_done_at(self, blocks: int) -> float:
-        """Loads from the CPU tier share one transfer channel, one after another."""
-        self._channel_free_s = max(self._channel_free_s, self.now) + self.cost.transfer_time(blocks)
-        return self._channel_free_s
-
-    # --- what the admission half hears of the engine --------------------------------------
-
-    def _kv_figures(self) -> tuple[int, int, int]:
-        return self.kv.pool.num_free, self.kv.pinned_blocks, self.cpu_free_blocks
-
-    def _plan_kv_stats(self) -> None:
-        """After a change of the KV figures, publish them at the next sampling instant
-        (a multiple of ``kv_stats_interval_s``, as a sampler at that rate would)."""
-        if self._kv_stats_pending or self._kv_figures() == self._kv_published:
-            return
-        interval = self.config.kv_stats_interval_s
-        # The next sampling instant strictly after now (a count of samples, with a
-        # tolerance, so that exact multiples of the interval are not rounded away).
-        due = (math.floor(self.now / interval + 1e-9) + 1) * interval
-        self._kv_stats_pending = True
-        self._push(due, _Rank.KV_STATS, self._publish_kv_stats)
-
-    def _publish_kv_stats(self, _: None) -> None:
-        self._kv_stats_pending = False
-        self._kv_published = self._kv_figures()
-        self._emit(self.pool_stats(self.record.steps, **self.stamp()))
-        self._admit_sessions()
+    # --- the admission half's periodic pass, the record -----------------------------------
 
     def _plan_admission_pass(self) -> None:
         """An admission half with a control period is asked again after it, while
         sessions wait (the gateway's periodic pass)."""
         interval = self.admission.control_interval_s
-        if interval and self._gateway and not self._pass_pending:
+        if interval and self.gateway and not self._pass_pending:
             self._pass_pending = True
-            self._push(self.now + interval, _Rank.ADMISSION_PASS, self._on_admission_pass)
+            self.push(self.now + interval, Rank.ADMISSION_PASS, self._on_admission_pass)
 
     def _on_admission_pass(self, _: None) -> None:
         self._pass_pending = False
-        self._admit_sessions()
+        self.admit_sessions()
 
-    def _sample_kv(self) -> None:
+    def sample_kv(self) -> None:
+        """The record's KV sample (every replica's, summed), at most every
+        ``kv_sample_interval_s``."""
         if self.now < self._next_sample_s:
             return
         self._next_sample_s = self.now + self.config.kv_sample_interval_s
-        pool = self.kv.pool
+        pools = [replica.kv.pool for replica in self.replicas]
+        free = sum(pool.num_free for pool in pools)
         self.record.kv_samples.append(
             KVSample(
                 self.now,
-                pool.num_free,
-                pool.num_blocks - pool.num_free,
-                self.kv.pinned_blocks,
-                self.kv.cpu.used if self.kv.cpu is not None else 0,
+                free,
+                sum(pool.num_blocks for pool in pools) - free,
+                sum(replica.kv.pinned_blocks for replica in self.replicas),
+                sum(r.kv.cpu.used if r.kv.cpu is not None else 0 for r in self.replicas),
             )
         )
 
@@ -854,11 +652,11 @@ class SimEngine(KVEngineView, FollowsTools):
             )
         self.record.duration_s = max(session.end_s for session in self.record.sessions)
         self.record.preemptions = sum(c.preemptions for s in self.record.sessions for c in s.calls)
-        self.record.prefix_queries = self.scheduler.prefix_queries
-        self.record.prefix_hits = self.scheduler.prefix_hits
+        self.record.prefix_queries = sum(r.scheduler.prefix_queries for r in self.replicas)
+        self.record.prefix_hits = sum(r.scheduler.prefix_hits for r in self.replicas)
         self.record.tool_busy_core_s = self.host.busy_core_s
-        self.record.decode_steps = self.decode_steps
-        self.record.decode_time_s = self.decode_time_s
+        self.record.decode_steps = sum(replica.decode_steps for replica in self.replicas)
+        self.record.decode_time_s = sum(replica.decode_time_s for replica in self.replicas)
 
 
 def isolated_sessions(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import zmq
 
 from agentmars.sdk.events import AnyEvent, EventError, KVStats, decode_event
 from agentmars.server.engines.vllm.launch import CPU_BLOCK_SIZE, VllmServerConfig, serve_vllm
@@ -135,9 +136,11 @@ def linked_vllm(
     modules: Sequence[str] = (),
     num_blocks: int = 64,
     max_model_len: int = 4096,
+    cpu_kv_blocks: int = 0,
 ) -> Iterator[LinkedEngine]:
     """vLLM (the tiny model, ``num_blocks`` KV blocks of 128 tokens, on core 0) with the
-    plugin running ``policy`` and the side channel's sockets in ``folder``. NOTE:
+    plugin running ``policy`` and the side channel's sockets in ``folder``, and a CPU KV
+    tier of ``cpu_kv_blocks`` blocks (0: none). NOTE:
     ``--enforce-eager``: no torch.compile at start, which saves ~10 of the ~38 s a start
     takes on a CI runner; the scheduler, and so the plugin, are the same."""
     config = VllmServerConfig(
@@ -148,6 +151,7 @@ def linked_vllm(
         # vLLM's compute threads keep to core 0; this process (the gateway, the
         # clients) has the other (test_gateway_e2e).
         cores="0",
+        cpu_kv_blocks=cpu_kv_blocks,
         extra_args=("--scheduler-cls", PLUGIN, "--enforce-eager"),
     )
     paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -234,3 +238,17 @@ def in_background(call: Callable[[], Any]) -> Background:
 
     threading.Thread(target=run, daemon=True).start()
     return background
+
+
+def send_hints(address: str, *events: AnyEvent) -> None:
+    """Push events to the plugin as the gateway's side channel does (``PluginLink``)."""
+    context = zmq.Context()
+    try:
+        push = context.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 5000)
+        push.connect(address)
+        for event in events:
+            push.send(event.to_json().encode())
+        push.close()  # lingers until sent
+    finally:
+        context.term()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,14 @@ def test_the_kv_must_hold_one_longest_context_beside_the_null_block() -> None:
         VllmServerConfig(python=PYTHON, model=MODEL, num_blocks=32, max_model_len=3969)
     VllmServerConfig(python=PYTHON, model=MODEL, num_blocks=33, max_model_len=4096)
     VllmServerConfig(python=PYTHON, model=MODEL, num_blocks=32, max_model_len=3968)
+
+
+def test_a_cpu_tier_starts_vllm_with_the_agentmars_offloading_connector() -> None:
+    config = VllmServerConfig(python=PYTHON, model=MODEL, cpu_kv_blocks=512)
+    argv = server_argv(config)
+    connector = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert connector["kv_connector"] == "OffloadingConnector"
+    assert connector["kv_connector_extra_config"]["agentmars_cpu_blocks"] == 512
+    assert "--kv-transfer-config" not in server_argv(VllmServerConfig(python=PYTHON, model=MODEL))
+    with pytest.raises(ValueError, match="cpu_kv_blocks must not be negative"):
+        VllmServerConfig(python=PYTHON, model=MODEL, cpu_kv_blocks=-1)

@@ -71,3 +71,34 @@ def test_pins_expire_in_ttl_order_over_vllms_block_pool(vllm_python: Path) -> No
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("ok")
+
+
+class _Pool:
+    """A block pool that counts references (``touch`` / ``free_blocks``)."""
+
+    def __init__(self) -> None:
+        self.refs: dict[str, int] = {}
+        self.freed: list[str] = []
+
+    def touch(self, blocks: list[str]) -> None:
+        for block in blocks:
+            self.refs[block] = self.refs.get(block, 0) + 1
+
+    def free_blocks(self, blocks: object) -> None:
+        for block in blocks:  # type: ignore[attr-defined]
+            self.refs[block] -= 1
+            self.freed.append(block)
+
+
+def test_a_partial_offload_gives_back_the_pins_tail_first_and_keeps_its_head() -> None:
+    from agentmars.server.engines.vllm.pins import PinTable
+
+    pool, events = _Pool(), []
+    table = PinTable(pool, 16, announce=events.append, clock=lambda: 1.0)
+    table.pin("s", ["b0", "b1", "b2", "b3"], now=0.0, ttl_s=None, session_arrival_s=0.0)
+    assert table.release_tail("s", 2) == 2
+    assert (pool.freed, table.get("s").held, table.pinned_blocks) == (["b3", "b2"], ["b0", "b1"], 2)
+    assert [e.kind for e in events] == ["kv_pin"]  # still pinned: no kv_unpin
+    assert table.release_tail("s", 5) == 2  # the rest: the whole pin goes
+    assert (len(table), table.pinned_blocks, table.released["policy"]) == (0, 0, 1)
+    assert table.release_tail("s", 1) == 0

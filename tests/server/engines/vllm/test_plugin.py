@@ -7,6 +7,7 @@ with Continuum and a 64-block KV cache for the pins."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import textwrap
@@ -40,7 +41,7 @@ from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.continuum import ContinuumDynamicEngine, ContinuumEngine
 from agentmars.server.policies.infercept import InferCeptEngine
 from agentmars.server.policies.interface import EngineHalf
-from agentmars.server.policies.thunderagent import ThunderAgentEngine
+from agentmars.server.policies.thunderagent import ThunderAgentEngine, ThunderAgentOffloadEngine
 from tests.server.engines.vllm.helpers import PLUGIN, blocks, kv_status, released
 
 TIMEOUT_S = 120.0
@@ -128,6 +129,20 @@ def test_policy_given_what_it_needs_gets_its_engine_half(
 ) -> None:
     name, half = PluginConfig.from_env(env).make_engine_half()
     assert (name, type(half)) == (env["AGENTMARS_POLICY"], half_type)
+
+
+def test_the_cpu_tier_is_provided_only_when_vllm_runs_it() -> None:
+    """The scheduler sets ``cpu_tier`` once it found the agentmars CPU tier behind vLLM's
+    connector (``agentmars serve`` starts vLLM with it for a policy that needs one)."""
+    env = {"AGENTMARS_POLICY": "thunderagent-cpu", "AGENTMARS_HINTS_ADDR": "ipc:///tmp/hints"}
+    config = PluginConfig.from_env(env)
+    assert Capability.CPU_TIER not in config.provides()
+    with pytest.raises(PluginConfigError, match=r"it needs cpu-tier.*on vLLM: start vLLM with"):
+        config.make_engine_half()
+    with_tier = dataclasses.replace(config, cpu_tier=True)
+    assert Capability.CPU_TIER in with_tier.provides()
+    name, half = with_tier.make_engine_half()
+    assert (name, type(half)) == ("thunderagent-cpu", ThunderAgentOffloadEngine)
 
 
 def test_unknown_profile_is_refused_by_name() -> None:
@@ -370,6 +385,8 @@ def test_plugin_import_loads_no_more_of_agentmars_than_it_uses(vllm_python: Path
         for name in (
             "plugin",
             "plugin_config",
+            "cpu_tier",  # the labels the plugin sets; the vLLM classes only with the tier
+            "cpu_tier.labels",
             "kv_status",
             "hints",
             "pins",

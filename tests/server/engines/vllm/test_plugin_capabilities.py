@@ -1,7 +1,7 @@
 """What the plugin provides a policy's engine half, on the real vLLM CPU engine with the
 tiny model: a half that needs more is refused when vLLM starts (``continuum-dy``
-without a cost profile; ``thunderagent-cpu``, which offloads to a CPU KV tier the
-plugin does not have), and ``continuum-dy``
+without a cost profile; ``thunderagent-cpu`` started without the agentmars CPU KV tier,
+which it offloads to), and ``continuum-dy``
 with a profile and the side channel serves calls and takes its dynamic TTL, which
 weighs a tool's past durations (the gateway's ``tool_end`` events, through the hints
 socket) against the profile's estimate of the context's prefill time.
@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-import zmq
 
 from agentmars.sdk.events import ToolEnd
 from agentmars.server.engines.vllm.launch import (
@@ -31,7 +30,7 @@ from agentmars.server.engines.vllm.launch import (
 from agentmars.server.engines.vllm.smoke import model_vocab_size, random_prompt
 from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 from agentmars.server.profiles.cost_model import CostModel, load_profile
-from tests.server.engines.vllm.helpers import PLUGIN, blocks, kv_status, released
+from tests.server.engines.vllm.helpers import PLUGIN, blocks, kv_status, released, send_hints
 
 TIMEOUT_S = 120.0
 KV_BLOCKS = 64
@@ -75,7 +74,8 @@ def _config(vllm_python: Path) -> VllmServerConfig:
     [
         # The side channel is there; the cost profile is not.
         ("continuum-dy", "it needs costs, which the vLLM plugin does not provide"),
-        # The plugin ticks and pauses, but has no CPU KV tier, whatever it is given.
+        # The plugin ticks and pauses, but vLLM runs no CPU KV tier here (no
+        # --kv-transfer-config: test_cpu_tier_on_vllm.py starts one).
         ("thunderagent-cpu", "it needs cpu-tier, which the vLLM plugin does not provide"),
     ],
 )
@@ -139,20 +139,6 @@ def _turn(client: httpx.Client, prompt: list[int], session: str | None, **xargs:
     assert response.status_code == 200, response.text
 
 
-def _send_hints(address: str, *events: ToolEnd) -> None:
-    """Push events to the plugin as the gateway's side channel does (``PluginLink``)."""
-    context = zmq.Context()
-    try:
-        push = context.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 5000)
-        push.connect(address)
-        for event in events:
-            push.send(event.to_json().encode())
-        push.close()  # lingers until sent
-    finally:
-        context.term()
-
-
 @pytest.mark.slow
 def test_continuum_dy_pins_for_the_ttl_its_tool_durations_and_costs_give(
     continuum_dy: Server, vllm_python: Path
@@ -196,7 +182,7 @@ def test_continuum_dy_pins_for_the_ttl_its_tool_durations_and_costs_give(
         bash = ToolEnd(
             session_id="earlier", call_id="t1", turn=0, tool="bash", duration_s=QUICK_TOOL_S
         )
-        _send_hints(server.hints, bash)
+        send_hints(server.hints, bash)
         time.sleep(0.3)  # received by the plugin's thread
         trigger(4)  # taken at this step: the half has its sample before the next call
         _turn(client, random_prompt(CONTEXT_TOKENS, vocab_size, 5), "dynamic", next_tool="bash")
@@ -214,7 +200,7 @@ def test_continuum_dy_pins_for_the_ttl_its_tool_durations_and_costs_give(
         build = ToolEnd(
             session_id="earlier", call_id="t2", turn=1, tool="build", duration_s=SLOW_TOOL_S
         )
-        _send_hints(server.hints, build)
+        send_hints(server.hints, build)
         time.sleep(0.3)
         trigger(7)
         _turn(client, random_prompt(CONTEXT_TOKENS, vocab_size, 8), "slow", next_tool="build")

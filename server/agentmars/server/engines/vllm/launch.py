@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Final
 
 from agentmars.sdk.otlp import traces_endpoint_from_env
+from agentmars.server.engines.vllm.cpu_tier import kv_transfer_config
 from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
 from agentmars.server.web.serving import serve_in_subprocess
 
@@ -62,12 +63,17 @@ class VllmServerConfig:
     #: Where vLLM exports its spans: an OTLP/HTTP traces URL
     #: (``http://127.0.0.1:4318/v1/traces``); None: vLLM traces nothing.
     otlp_traces_endpoint: str | None = None
+    #: The agentmars CPU KV tier's size in KV blocks (``--kv-transfer-config`` of vLLM's
+    #: ``OffloadingConnector`` with the plugin's spec: ``cpu_tier``); 0: no CPU tier.
+    cpu_kv_blocks: int = 0
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "num_blocks", "kv_cache_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"VllmServerConfig.{name} must be positive")
+        if self.cpu_kv_blocks < 0:
+            raise ValueError("VllmServerConfig.cpu_kv_blocks must not be negative")
         check_kv_holds_context(self.num_blocks, self.max_model_len)
 
 
@@ -120,6 +126,8 @@ def server_argv(config: VllmServerConfig) -> list[str]:
     ]
     if config.otlp_traces_endpoint is not None:
         argv += ["--otlp-traces-endpoint", config.otlp_traces_endpoint]
+    if config.cpu_kv_blocks:
+        argv += ["--kv-transfer-config", kv_transfer_config(config.cpu_kv_blocks)]
     if config.cores is not None:
         argv = ["taskset", "-c", config.cores, *argv]
     return argv
@@ -176,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=VllmServerConfig.max_model_len)
     parser.add_argument("--num-blocks", type=int, default=VllmServerConfig.num_blocks)
     parser.add_argument("--cores", help="CPU list for the server, e.g. 0 (default: vLLM's)")
+    parser.add_argument(
+        "--cpu-kv-blocks",
+        type=int,
+        default=0,
+        help="the agentmars CPU KV tier's size in KV blocks (default 0: none)",
+    )
     args, extra = parser.parse_known_args(argv)
     try:
         config = VllmServerConfig(
@@ -185,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             num_blocks=args.num_blocks,
             cores=args.cores,
             otlp_traces_endpoint=traces_endpoint_from_env(),
+            cpu_kv_blocks=args.cpu_kv_blocks,
             extra_args=tuple(extra),
         )
     except (ValueError, RuntimeError) as error:

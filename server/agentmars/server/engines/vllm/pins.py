@@ -139,6 +139,24 @@ class PinTable:
                 self._announce(self._unpinned(pin, reason))
         return pin
 
+    def release_tail(self, session_id: str, blocks: int) -> int:
+        """Give back only the pin's last ``blocks`` blocks (tail first), the rest staying
+        pinned (a partial offload to the CPU tier); the whole pin if that is all of it
+        (reason ``policy``). No event and no count for a partial one: the pin is still
+        there. Returns the blocks given back."""
+        pin = self.pins.get(session_id)
+        if pin is None or blocks <= 0:
+            return 0
+        if blocks >= pin.blocks:
+            self.release(session_id, "policy")
+            return pin.blocks
+        tail = pin.held[-blocks:]
+        del pin.held[-blocks:]
+        self._pool.free_blocks(reversed(tail))
+        self.pinned_blocks -= blocks
+        self.changed.add(session_id)
+        return blocks
+
     def _unpinned(self, pin: Pin, reason: ReleaseReason) -> KVUnpin:
         return KVUnpin(
             session_id=pin.session_id,

@@ -55,6 +55,7 @@ outside the supported series before touching any of vLLM's internals.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import os
@@ -80,6 +81,7 @@ from vllm.v1.core.sched.scheduler import Scheduler  # type: ignore[import-not-fo
 from vllm.v1.request import RequestStatus  # type: ignore[import-not-found]  # noqa: E402
 
 from agentmars.sdk.events import AnyEvent, KVStats, SessionPause, SessionResume  # noqa: E402
+from agentmars.server.engines.vllm.cpu_tier.labels import Label  # noqa: E402
 from agentmars.server.engines.vllm.displacement import displace  # noqa: E402
 from agentmars.server.engines.vllm.hints import HintInbox  # noqa: E402
 from agentmars.server.engines.vllm.kv_status import KVStatusPublisher  # noqa: E402
@@ -90,7 +92,7 @@ from agentmars.server.engines.vllm.ticker import IdleTicker  # noqa: E402
 from agentmars.server.engines.vllm.views import SchedulerView, SessionBook, session_of  # noqa: E402
 from agentmars.server.engines.vllm.waiting_order import WaitingOrder  # noqa: E402
 from agentmars.server.policies.feed import EventFeed  # noqa: E402
-from agentmars.server.policies.interface import EngineHalf, Pin, SessionAction  # noqa: E402
+from agentmars.server.policies.interface import EngineHalf, Offload, Pin, SessionAction  # noqa: E402
 from agentmars.server.policies.views import CallView  # noqa: E402
 
 # A child of vLLM's logger, so the plugin's lines go where vLLM's go.
@@ -137,14 +139,20 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
                 f"--scheduling-policy fcfs (the default), not {self.policy.value}"
             )
         config = PluginConfig.from_env(os.environ)
+        self.cpu_tier = self._find_cpu_tier()
+        if self.cpu_tier is not None:
+            config = dataclasses.replace(config, cpu_tier=True)
         self.agentmars_policy_name, self.agentmars_policy = config.make_engine_half()
         self.pin_table = PinTable(
             self.kv_cache_manager.block_pool, self.block_size, announce=self._publish
         )
         self.session_book = SessionBook()
         self.engine_view = SchedulerView(
-            self, self.pin_table, self.session_book, costs=config.costs()
+            self, self.pin_table, self.session_book, costs=config.costs(), cpu_tier=self.cpu_tier
         )
+        self._cpu_free_blocks = self.engine_view.cpu_free_blocks
+        """The CPU tier's free blocks as of the last step (the status thread reads this,
+        not the tier, which the scheduler's thread changes)."""
         self.feed = EventFeed(self._deliver)
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self._install_hooks()
@@ -200,6 +208,26 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             # right before they preempt: wrapping it lets pins go first.
             self.kv_cache_manager.allocate_slots = self._allocate_slots
 
+    def _find_cpu_tier(self) -> Any:
+        """The agentmars CPU tier, if vLLM runs the ``OffloadingConnector`` with our
+        manager (``cpu_tier``; docs/vllm-plugin.md "The CPU KV tier"); else None, and
+        the policy gets no ``cpu-tier``."""
+        connector = self.get_kv_connector()
+        if connector is None:
+            return None
+        # Imported only here: it loads vLLM's offloading modules.
+        from agentmars.server.engines.vllm.cpu_tier.offload import CpuTier
+
+        tier = CpuTier.of(self)
+        if tier is None:
+            logger.info(
+                "agentmars: KV connector %s is not the agentmars CPU tier: no cpu-tier",
+                type(connector).__name__,
+            )
+        else:
+            logger.info("agentmars: CPU KV tier of %d blocks", tier.total_blocks)
+        return tier
+
     def _start_status(self, config: PluginConfig) -> KVStatusPublisher | None:
         if config.status_file is None and config.status_address is None:
             return None
@@ -221,6 +249,8 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             source="engine",
             pins=len(pins),
             released=dict(pins.released),
+            cpu_total_blocks=self.engine_view.cpu_total_blocks,
+            cpu_free_blocks=self._cpu_free_blocks,
             steps=self.steps,
         )
 
@@ -245,6 +275,9 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             if self._preemptive:
                 self._displace_for_waiting()
             output = super().schedule(*args, **kwargs)
+            if self.cpu_tier is not None:
+                # The connector prepared this step's stores (build_connector_meta).
+                self._cpu_free_blocks = self.engine_view.cpu_free_blocks
             self.steps += output.total_num_scheduled_tokens > 0
             self._step_started[id(output)] = time.monotonic()
             if len(self._step_started) > MAX_STEPS_IN_FLIGHT:
@@ -257,8 +290,15 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
 
     def add_request(self, request: Any) -> None:
         with self._lock:
-            super().add_request(request)
             session_id = session_of(request)
+            if self.cpu_tier is not None and session_id is not None:
+                # Before vLLM's connector sees it: the chunks it stores and reuses are
+                # the session's. A call in the engine makes its session busy, unless
+                # it is held (an offloaded session stays idle until resumed).
+                self.cpu_tier.request(request.request_id, session_id)
+                if session_id not in self._paused:
+                    self.cpu_tier.label(session_id, Label.BUSY)
+            super().add_request(request)
             if session_id is not None and session_id in self._paused and request in self.waiting:
                 self.waiting.remove_request(request)
                 self._paused.hold(session_id, [request])
@@ -407,17 +447,45 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     def _apply(self, actions: Sequence[SessionAction]) -> None:
         for action in actions:
             session_id = action.session_id
-            if action.kind in ("unpin", "offload"):
-                # There is no CPU tier here (cpu_free_blocks is 0), so a policy that
-                # uses one offloads nothing; should it ask, the pin is released.
+            if action.kind == "offload" and self.cpu_tier is not None:
+                self._offload_pin(session_id, action.blocks)
+            elif action.kind in ("unpin", "offload"):
+                # Without a CPU tier (cpu_free_blocks is 0) a policy that uses one
+                # offloads nothing; should it ask, the pin is released.
                 self.pin_table.release(session_id, "policy")
+                self._label(session_id, Label.INACTIVE)
             elif action.kind == "pause" and session_id not in self._paused:
                 self._pause(session_id)
             elif action.kind == "resume" and session_id in self._paused:
                 self._resume(session_id)
 
+    def _label(self, session_id: str, label: Label) -> None:
+        if self.cpu_tier is not None:
+            self.cpu_tier.label(session_id, label)
+
+    def _offload_pin(self, session_id: str, blocks: int | None) -> None:
+        """A tick's ``offload``: the pin's blocks are in the CPU tier already (vLLM
+        stores write-through), so the pin goes on the GPU (reason ``policy``) and the
+        session is labelled idle there, or inactive if the tier has none of it (then
+        this is a release). ``blocks``: only the pin's last ``blocks`` blocks go, the
+        rest stays pinned (InferCept's swap budget)."""
+        tier = self.cpu_tier
+        pin = self.pin_table.get(session_id)
+        if pin is None:
+            tier.offload_known(session_id)
+            return
+        hashes = [block.block_hash for block in pin.held]
+        tier.offload(session_id, hashes, finished=False)
+        if blocks is not None and blocks < pin.blocks:
+            self.pin_table.release_tail(session_id, blocks)
+        else:
+            self.pin_table.release(session_id, "policy")
+
     def _pause(self, session_id: str) -> None:
         self.pin_table.release(session_id, "paused")
+        if self.cpu_tier is not None and self.cpu_tier.label_of(session_id) is not Label.IDLE:
+            # An offloaded session paused (MORI's gate) keeps its copy: still idle.
+            self.cpu_tier.label(session_id, Label.INACTIVE)
         self._paused.pause(session_id)
         now = time.monotonic()
         running = [r for r in self.running if session_of(r) == session_id]
@@ -431,6 +499,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         self._publish(SessionPause(session_id=session_id, source="engine"))
 
     def _resume(self, session_id: str) -> None:
+        self._label(session_id, Label.BUSY)
         for request in self._paused.resume(session_id):
             self.waiting.add_request(request)
             self._waiting_order.joined(request)
@@ -450,6 +519,13 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         if event.kind == "session_end":
             self.pin_table.release(event.session_id, "session_end")
             self.session_book.forget_session(event.session_id)
+            if self.cpu_tier is not None:
+                dropped = self.cpu_tier.end(event.session_id)
+                logger.info(
+                    "agentmars: session %s ended: %d CPU-tier blocks discarded",
+                    event.session_id,
+                    dropped,
+                )
 
     def _enqueue_waiting_request(self, request: Any) -> None:
         super()._enqueue_waiting_request(request)
@@ -549,7 +625,11 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
                 # Seed 002's step-level TPOT is read from these (EngineView).
                 self.engine_view.decode_steps += 1
                 self.engine_view.decode_time_s += elapsed
-        return super().update_from_output(scheduler_output, *args, **kwargs)
+        outputs = super().update_from_output(scheduler_output, *args, **kwargs)
+        if self.cpu_tier is not None:
+            # The connector completed this step's stores and loads.
+            self._cpu_free_blocks = self.engine_view.cpu_free_blocks
+        return outputs
 
     # --- KV retention -------------------------------------------------------------------
 
@@ -610,11 +690,19 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             return
         if request.status not in NORMAL_ENDS:
             self.pin_table.release(session_id, "ended")
+            self._label(session_id, Label.INACTIVE)
             return
         call = self.engine_view.call(request)
         decision = self.agentmars_policy.on_call_finished(call, self.engine_view)
         if not isinstance(decision, Pin):
+            if isinstance(decision, Offload) and self.cpu_tier is not None:
+                # Its blocks are in the CPU tier (write-through): nothing is pinned.
+                hashes = [block.block_hash for block in self._hashed_blocks(request)]
+                self.cpu_tier.offload(session_id, hashes, finished=True)
+            else:
+                self._label(session_id, Label.INACTIVE)
             return
+        self._label(session_id, Label.BUSY)
         blocks = self._hashed_blocks(request)
         if blocks:
             self.pin_table.pin(

@@ -18,9 +18,10 @@ the way in), and the vLLM versions the plugin supports. Imports no vLLM.
 
 What the plugin provides a policy's engine half (``policies.capabilities``): ticks
 (also while the engine idles), pausing sessions, the agent instance id, cost estimates
-with ``AGENTMARS_PROFILE``, and tool figures with ``AGENTMARS_HINTS_ADDR``. Not: a CPU
-KV tier (vLLM 0.32's CPU backend has no KV offloading). A policy that needs more is
-refused when vLLM starts, with the message.
+with ``AGENTMARS_PROFILE``, tool figures with ``AGENTMARS_HINTS_ADDR``, and a CPU KV
+tier when vLLM runs the agentmars ``OffloadingConnector`` (``cpu_tier``; found by the
+scheduler at start, not set in the environment). A policy that needs more is refused
+when vLLM starts, with the message.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ SUPPORTED_VLLM = "0.32"
 """The plugin reads private scheduler internals that change between releases
 (notes/vllm-plugin.md): it runs on this minor series only."""
 DEFAULT_STATUS_HZ = 10.0
+CPU_TIER_HINT = (
+    "start vLLM with the agentmars CPU tier (--kv-transfer-config "
+    "agentmars.server.engines.vllm.cpu_tier.kv_transfer_config(blocks); agentmars serve "
+    "does it for a policy that needs or uses one)"
+)
 
 
 class PluginConfigError(ValueError):
@@ -68,6 +74,10 @@ class PluginConfig:
     status_hz: float = DEFAULT_STATUS_HZ
     hints_address: str | None = None
     profile: str | None = None
+    cpu_tier: bool = False
+    """vLLM runs the agentmars CPU tier (``cpu_tier.kv_transfer_config``): set by the
+    scheduler once it found the connector's manager, or by ``agentmars serve``, which
+    passes the connector's configuration."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> PluginConfig:
@@ -93,6 +103,8 @@ class PluginConfig:
             provides.add(Capability.COSTS)
         if self.hints_address is not None:
             provides.add(Capability.TOOL_FIGURES)
+        if self.cpu_tier:
+            provides.add(Capability.CPU_TIER)
         return provides
 
     def costs(self) -> CostModel | None:
@@ -122,7 +134,10 @@ class PluginConfig:
         try:
             refuse_unless(policy.name, half.needs, self.provides(), "the vLLM plugin")
         except PolicyRefused as error:
-            raise PluginConfigError(str(error)) from None
+            message = str(error)
+            if Capability.CPU_TIER in half.needs and not self.cpu_tier:
+                message += f"; on vLLM: {CPU_TIER_HINT}"
+            raise PluginConfigError(message) from None
         return policy.name, half
 
 

@@ -201,7 +201,8 @@ class SchedulerView(FollowsTools):
     The plugin sees the engine, and the CPU side only through the gateway's side
     channel: active and queued tools and tool durations follow the events it sends in
     (``tools``; zero without it), tool cores are unknown (0). ``active_sessions``
-    counts the sessions with a call in the engine or a pin; there is no CPU KV tier.
+    counts the sessions with a call in the engine or a pin. The CPU KV tier's figures
+    are the agentmars CPU tier's (``cpu_tier``), in vLLM blocks; 0 without one.
     The cost estimates are the ``AGENTMARS_PROFILE``'s (a policy that needs them is
     refused at start without one)."""
 
@@ -211,8 +212,11 @@ class SchedulerView(FollowsTools):
         pins: PinTable,
         book: SessionBook,
         costs: CostEstimator | None = None,
+        cpu_tier: Any = None,
     ) -> None:
         self._scheduler = scheduler
+        self._cpu_tier = cpu_tier
+        """``cpu_tier.offload.CpuTier`` (a vLLM-side object: not typed here)."""
         self._pins = pins
         self._book = book
         self._costs = costs
@@ -258,11 +262,13 @@ class SchedulerView(FollowsTools):
 
     @property
     def cpu_total_blocks(self) -> int:
-        return 0
+        tier = self._cpu_tier
+        return 0 if tier is None else int(tier.total_blocks)
 
     @property
     def cpu_free_blocks(self) -> int:
-        return 0
+        tier = self._cpu_tier
+        return 0 if tier is None else int(tier.free_blocks)
 
     @property
     def max_num_seqs(self) -> int:

@@ -7,9 +7,10 @@ numbers: every value here is ours.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from agentmars.server.policies.registry import require_positive_numbers
 
 INTEGER_SETTINGS = (
     "aimd_alpha", "min_window", "max_window", "overload_intervals", "levels", "quantum_tokens",
@@ -107,12 +108,7 @@ class MarsSettings:
     """... taking this quantile of them, so calls that queued do not count (ours)."""
 
     def __post_init__(self) -> None:
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                raise ValueError(f"{field.name} must be a number, got {value!r}")
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{field.name} must be a finite number > 0, got {value!r}")
+        require_positive_numbers(self)
         for name in INTEGER_SETTINGS:
             if not isinstance(getattr(self, name), int):
                 raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
