@@ -10,7 +10,7 @@ PYTHON  ?= $(shell scripts/find-python.sh)
 MYPY_CORE := sdk/agentmars/sdk sandbox/agentmars/sandbox server/agentmars/server runtime/agentmars/runtime cli/agentmars
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: help env test lint typecheck pytest demo bench lock clean vllm-env vllm-smoke vllm-lock openhands-env
+.PHONY: help env test lint typecheck pytest demo bench lock clean vllm-env vllm-smoke vllm-lock openhands-env ray-env ray-lock
 
 help:
 	@echo "make demo   - the whole system: gateway, engine, sandbox pool, replayed agents; MARS vs FCFS (ENGINE=vllm for vLLM CPU)"
@@ -19,6 +19,7 @@ help:
 	@echo "make env    - create $(VENV) with every extra (Python 3.12) and system packages"
 	@echo "make vllm-env   - the vLLM CPU environment (Python 3.11) and the tiny model; prints their paths"
 	@echo "make openhands-env - the OpenHands application's environment (openhands-ai, Python 3.12)"
+	@echo "make ray-env    - the Ray Serve environment (ray[serve], Python 3.12; docs/ray-serve.md)"
 	@echo "make vllm-smoke - start vLLM CPU with the tiny model, check and time it (docs/vllm-cpu.md)"
 
 $(STAMP): pyproject.toml requirements/main.lock requirements/openhands-tools.txt scripts/apt-packages.txt
@@ -43,12 +44,13 @@ lint: env
 typecheck: env
 	$(BIN)/mypy $(MYPY_CORE)
 
-# The real-engine tests (marked slow) run on the vLLM CPU environment, and the
-# OpenHands application's test on its own (openhands-ai 1.11 on openhands-sdk 1.34),
-# each built and cached by its script on the first run (a few minutes), reused after.
+# The real-engine tests (marked slow) run on the vLLM CPU environment, the OpenHands
+# application's test on its own (openhands-ai 1.11 on openhands-sdk 1.34), and the Ray
+# Serve router's on the Ray env, each built and cached by its script on the first run
+# (a few minutes), reused after.
 pytest: env
-	py=$$(scripts/vllm-env.sh) && oh=$$(scripts/openhands-env.sh) && \
-	  AGENTMARS_VLLM_PYTHON=$$py AGENTMARS_OPENHANDS_PYTHON=$$oh $(BIN)/pytest
+	py=$$(scripts/vllm-env.sh) && oh=$$(scripts/openhands-env.sh) && ray=$$(scripts/ray-env.sh) && \
+	  AGENTMARS_VLLM_PYTHON=$$py AGENTMARS_OPENHANDS_PYTHON=$$oh AGENTMARS_RAY_PYTHON=$$ray $(BIN)/pytest
 
 test: lint typecheck pytest
 
@@ -92,6 +94,14 @@ vllm-smoke:
 # Re-resolve requirements/vllm.txt into requirements/vllm.lock.
 vllm-lock:
 	scripts/vllm-env.sh --lock
+
+# The Ray Serve environment (cached in ~/.cache/agentmars, see docs/ray-serve.md).
+ray-env:
+	@echo "Ray python: $$(scripts/ray-env.sh)"
+
+# Re-resolve requirements/ray.txt into requirements/ray.lock.
+ray-lock:
+	scripts/ray-env.sh --lock
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out
