@@ -76,7 +76,10 @@ def test_subprocess_children_that_outlive_the_server_are_stopped_too(tmp_path: P
     assert live_group_members(group) == []
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.mark.parametrize("stop", STOPS, ids=["SIGINT", "SIGTERM"])
 def test_a_stop_signal_during_the_start_still_stops_the_server(
     stop: signal.Signals, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -91,8 +94,10 @@ def test_a_stop_signal_during_the_start_still_stops_the_server(
 
     real_popen = subprocess.Popen
     monkeypatch.setattr(subprocess, "Popen", popen_then_signal)
-    # The way `agentmars serve` stops on SIGTERM: it raises as SIGINT does.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # The way `agentmars serve` stops on SIGTERM: it raises as SIGINT does. SIGINT's
+    # own handler is set too: a process started in the background by a shell without
+    # job control (`make test &`) starts with SIGINT ignored.
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in STOPS}
     try:
         command = [sys.executable, "-m", "agentmars.server.web.ingest"]
         with (
@@ -101,6 +106,7 @@ def test_a_stop_signal_during_the_start_still_stops_the_server(
         ):
             pytest.fail("the server must not be served after a stop")
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     assert started and started[0].poll() is not None
     assert live_group_members(started[0].pid) == []
