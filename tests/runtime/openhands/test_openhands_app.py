@@ -6,11 +6,12 @@ AgentmarsRuntime, its terminal commands pinned in the sandbox, state and exit co
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.env_python import env_python
 
 SCRIPT = Path(__file__).with_name("app_conversation.py")
 
@@ -18,15 +19,7 @@ SCRIPT = Path(__file__).with_name("app_conversation.py")
 @pytest.fixture(scope="module")
 def app_python() -> Path:
     """The application environment's python from ``$AGENTMARS_OPENHANDS_PYTHON``."""
-    configured = os.environ.get("AGENTMARS_OPENHANDS_PYTHON")
-    if not configured:
-        pytest.skip(
-            "needs the OpenHands app env: AGENTMARS_OPENHANDS_PYTHON=$(scripts/openhands-env.sh)"
-        )
-    python = Path(configured)
-    if not python.is_file():
-        pytest.fail(f"AGENTMARS_OPENHANDS_PYTHON={configured} is not a file")
-    return python
+    return env_python("AGENTMARS_OPENHANDS_PYTHON", "OpenHands app env", "scripts/openhands-env.sh")
 
 
 @pytest.mark.slow

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+
+from tests.env_python import env_python
 
 
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
     """The vLLM environment's python from ``$AGENTMARS_VLLM_PYTHON``; skips without it."""
-    configured = os.environ.get("AGENTMARS_VLLM_PYTHON")
-    if not configured:
-        pytest.skip("needs the vLLM CPU env: AGENTMARS_VLLM_PYTHON=$(scripts/vllm-env.sh)")
-    python = Path(configured)
-    if not python.is_file():
-        pytest.fail(f"AGENTMARS_VLLM_PYTHON={configured} is not a file")
-    return python
+    return env_python("AGENTMARS_VLLM_PYTHON", "vLLM CPU env", "scripts/vllm-env.sh")
