@@ -58,9 +58,8 @@ def promotions(
     """Promote gated programs whose call waits: CPU-tier ones before Waiting ones (new
     programs come after both, at the gateway), the least idle first within each, each
     that can be placed (one that cannot waits for the next tick; NOTE: ours — §4.3.1
-    gives the order, not what a misfit does; stopping there instead held every
-    smaller program behind a large one: on ``coding-agent`` at 50 programs, TTFT
-    16.9 s -> 13.0 s mean).
+    gives the order, not what a misfit does; stopping there instead would hold every
+    smaller program behind a large one).
 
     A program is placed into the free room, or else in the place of GPU-tier
     ``residents`` (Acting programs) more idle than it, the most idle first, if they
