@@ -27,12 +27,14 @@ from tests.server.engines.vllm.conftest import vllm_python  # noqa: F401  (the f
 CLI = [sys.executable, "-m", "agentmars.cli.main", "serve"]
 
 
-def _start(python: Path, port: int, log: Path) -> subprocess.Popen[str]:
+def _start(
+    python: Path, port: int, log: Path, *more: str, policy: str = "continuum"
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             *CLI, "--model", str(tiny_model_made_by(python)), "--vllm-python", str(python),
-            "--policy", "continuum", "--port", str(port), "--cores", "0",
-            "--num-blocks", "64", "--max-model-len", "4096", "--log", str(log),
+            "--policy", policy, "--port", str(port), "--num-blocks", "64",
+            "--max-model-len", "4096", "--log", str(log), *(more or ("--cores", "0")),
         ],
         env={**os.environ, "AGENTMARS_GATEWAY_TOKEN": "test-token"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -130,6 +132,88 @@ def test_serve_answers_through_the_gateway_and_stops_cleanly(
     assert alive == [], f"left running: {[p.pid for p in alive]}"
 
 
+def _complete(base: str, session: str, prompt: str) -> None:
+    body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
+    reply = httpx.post(
+        base + "/v1/completions", json=body, headers={"X-Session-ID": session}, timeout=120
+    )
+    assert reply.status_code == 200, reply.text
+
+
+def _by_replica(text: str, name: str) -> dict[str, float]:
+    """A vLLM counter's samples summed per ``replica`` label."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                replica = sample.labels["replica"]
+                totals[replica] = totals.get(replica, 0.0) + sample.value
+    return totals
+
+
+@pytest.mark.slow
+def test_serve_two_replicas_keeps_each_session_on_its_replica(
+    vllm_python: Path,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    """``--replicas 2``: two vLLM servers, one core each, MORI's placement (the replica
+    with the most KV room) and session affinity: session a's three calls all run on the
+    replica it was placed on (its later calls hit that replica's prefix cache), session
+    b, placed once a's KV is resident, on the other; both replicas' own series come
+    through the gateway's /metrics, labelled."""
+    port = free_loopback_port()
+    log = tmp_path / "vllm.log"
+    more = ("--replicas", "2", "--cores", "0,1")
+    process = _start(vllm_python, port, log, *more, policy="mori")
+    base = f"http://127.0.0.1:{port}"
+    descendants: list[psutil.Process] = []
+    try:
+        wait_for(base + "/healthz", process, timeout_s=600)
+        descendants = psutil.Process(process.pid).children(recursive=True)
+        assert len(vllm_children(process)) >= 2
+        context = "hello " * 300  # a few KV blocks of 128 tokens
+        _complete(base, "a", context)
+        # a's KV stays resident (MORI's GPU tier): its replica now has less room.
+        held = _eventually(lambda f: f.get("agentmars_kv_blocks/free", 64.0 * 2) < 126, base)
+        assert held.get("agentmars_kv_blocks/free", 0.0) < 126, held
+        _complete(base, "b", "bye " * 300)
+        for turn in range(2):
+            context += f" turn {turn} " + "more " * 40
+            _complete(base, "a", context)
+        text = httpx.get(base + "/metrics", timeout=10).text
+        calls = _by_replica(text, "vllm:request_success_total")
+        assert sorted(calls.values()) == [1.0, 3.0], calls
+        a_replica = next(replica for replica, count in calls.items() if count == 3.0)
+        hits = _by_replica(text, "vllm:prefix_cache_hits_total")
+        assert hits[a_replica] > 0, hits
+        families = {family.name: family for family in text_string_to_metric_families(text)}
+        (up,) = families["agentmars_engine_metrics_up"].samples
+        assert up.value == 1
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=90)
+    assert process.returncode == 0, process.stderr.read() if process.stderr else ""
+    assert (tmp_path / "vllm.1.log").stat().st_size > 0  # replica 1's own log
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    assert alive == [], f"left running: {[p.pid for p in alive]}"
+
+
+def test_serve_shares_the_cpus_out_among_replicas(tmp_path: Path) -> None:
+    from agentmars.cli.serve import ServeError
+
+    assert _options(tmp_path, "fcfs", replicas=2, cores="0-2,5").replica_cores() == ["0,1", "2,5"]
+    assert _options(tmp_path, "fcfs", replicas=3, cores="0-4").replica_cores() == [
+        "0,1", "2,3", "4"
+    ]  # fmt: skip
+    assert _options(tmp_path, "fcfs", cores="3").replica_cores() == ["3"]
+    with pytest.raises(ServeError, match="only 2 CPUs to share out"):
+        _options(tmp_path, "fcfs", replicas=3, cores="0,1").check()
+    with pytest.raises(ServeError, match="not a CPU list"):
+        _options(tmp_path, "fcfs", replicas=2, cores="0,x").check()
+    with pytest.raises(ServeError, match="'3-1' is not a CPU range"):
+        _options(tmp_path, "fcfs", replicas=2, cores="3-1").check()
+
+
 def test_serve_refuses_a_kv_cache_too_small_for_its_context(tmp_path: Path) -> None:
     # Refused before vLLM starts: the KV must hold one longest context and the null block.
     (tmp_path / "config.json").write_text("{}")
@@ -144,15 +228,22 @@ def test_serve_refuses_a_kv_cache_too_small_for_its_context(tmp_path: Path) -> N
     assert "Traceback" not in done.stderr
 
 
-def _options(tmp_path: Path, policy: str, cpu_kv_blocks: int | None = None) -> Any:
+def _options(
+    tmp_path: Path,
+    policy: str,
+    cpu_kv_blocks: int | None = None,
+    *,
+    replicas: int = 1,
+    cores: str | None = None,
+) -> Any:
     from agentmars.cli.serve import ServeOptions
 
     (tmp_path / "config.json").write_text("{}")
     return ServeOptions(
         model=tmp_path, policy=policy, host="127.0.0.1", port=1, token="t",
         vllm_python=Path(sys.executable), log_path=tmp_path / "vllm.log",
-        max_model_len=4096, num_blocks=64, cores=None, vllm_args=(),
-        profile="cpu-tiny", cpu_kv_blocks=cpu_kv_blocks,
+        max_model_len=4096, num_blocks=64, cores=cores, vllm_args=(),
+        profile="cpu-tiny", cpu_kv_blocks=cpu_kv_blocks, replicas=replicas,
     )  # fmt: skip
 
 

@@ -61,7 +61,7 @@ def _admission(policy: str) -> Admission:
         clock=time.monotonic,
         block_size=16,
         tool_cores=AMPLE_TOOL_CORES,
-        kv_source=lambda: AMPLE_KV,
+        kv_sources=[lambda: AMPLE_KV],
     )
     return Admission(
         make_policy(policy).admission(), view, policy_name=policy, publish=ended.extend

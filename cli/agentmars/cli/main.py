@@ -787,7 +787,18 @@ def serve(
         int | None,
         typer.Option(min=1, help=f"KV blocks (vllm: {VLLM_NUM_BLOCKS}; sim: the profile's)."),
     ] = None,
-    cores: Annotated[str | None, typer.Option(help="CPUs for vLLM, e.g. 0.")] = None,
+    cores: Annotated[
+        str | None,
+        typer.Option(help="CPUs for vLLM, e.g. 0 (several replicas: shared out among them)."),
+    ] = None,
+    replicas: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="vllm: engine replicas behind the gateway, each session kept on the one "
+            "the policy places it on (each with its own CPUs and --num-blocks).",
+        ),
+    ] = 1,
     cpu_kv_blocks: Annotated[
         int | None,
         typer.Option(
@@ -812,7 +823,7 @@ def serve(
     _check_can_listen(host, port)
     if engine is Engine.sim:
         vllm_only = [name for name, value in (("--model", model), ("--vllm-python", vllm_python),
-                     ("--cores", cores), ("--vllm-arg", vllm_arg),
+                     ("--cores", cores), ("--vllm-arg", vllm_arg), ("--replicas", replicas > 1),
                      ("--cpu-kv-blocks", cpu_kv_blocks is not None)) if value]  # fmt: skip
         _serve_sim(profile, vllm_only, policy, host, port, token, num_blocks, max_model_len)
     if model is None:
@@ -840,6 +851,7 @@ def serve(
             cores=cores,
             vllm_args=tuple(vllm_arg or ()),
             cpu_kv_blocks=cpu_kv_blocks,
+            replicas=replicas,
         )
         code = run_serve(options)
     except (ServeError, RuntimeError) as exc:  # RuntimeError: vLLM did not start

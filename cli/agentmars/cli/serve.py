@@ -7,11 +7,17 @@ answers ``/health`` the gateway serves in this process, linked to the plugin by 
 channel (two ZMQ sockets in a private temporary directory: the plugin's KV figures in,
 the stream's events out). SIGINT or SIGTERM, at any point, stops the gateway and then
 vLLM's whole group, so nothing is left running.
+
+With ``--replicas N``, N such vLLM servers start together, each on its share of the
+CPUs (``replica_cores``), with its own plugin, side channel and log
+(``vllm.log``, ``vllm.1.log``...); the gateway places each session on one of them by the
+policy's ``place`` and keeps it there (``gateway.app``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import tempfile
 import types
@@ -21,12 +27,18 @@ from pathlib import Path
 from agentmars.sdk.otlp import traces_endpoint_from_env
 from agentmars.server.engines.vllm.launch import (
     CPU_BLOCK_SIZE,
+    VllmReplica,
     VllmServerConfig,
     check_kv_holds_context,
-    serve_vllm,
+    serve_vllm_replicas,
 )
 from agentmars.server.engines.vllm.plugin_config import PluginConfig, PluginConfigError
-from agentmars.server.gateway.app import GatewayConfig, create_gateway_app, run_gateway
+from agentmars.server.gateway.app import (
+    EngineReplica,
+    GatewayConfig,
+    create_gateway_app,
+    run_gateway,
+)
 from agentmars.server.policies.capabilities import Capability
 
 PLUGIN_CLASS = "agentmars.server.engines.vllm.plugin.AgentmarsScheduler"
@@ -52,6 +64,9 @@ class ServeOptions:
     vllm_args: tuple[str, ...]
     profile: str | None = None
     """The plugin's cost profile (``AGENTMARS_PROFILE``)."""
+    replicas: int = 1
+    """vLLM servers behind the gateway, each with all of ``num_blocks`` and the CPU
+    tier."""
     cpu_kv_blocks: int | None = None
     """The CPU KV tier's size in KV blocks (``--cpu-kv-blocks``; 0: none); None: as many
     as the GPU's (seed 003's tight 1x) for a policy whose engine half needs or uses a
@@ -87,6 +102,9 @@ class ServeOptions:
             raise ServeError(f"--num-blocks {self.num_blocks}: {error}") from None
         if self.cpu_kv_blocks is not None and self.cpu_kv_blocks < 0:
             raise ServeError(f"--cpu-kv-blocks {self.cpu_kv_blocks}: must not be negative")
+        if self.replicas < 1:
+            raise ServeError(f"--replicas {self.replicas}: must be at least 1")
+        self.replica_cores()
         # The plugin's own check, before vLLM takes a minute to start and refuse.
         try:
             config = self._plugin_config(cpu_tier=self.cpu_tier_blocks() > 0)
@@ -94,6 +112,44 @@ class ServeOptions:
             config.costs()
         except PluginConfigError as error:
             raise ServeError(str(error)) from None
+
+    def replica_cores(self) -> list[str | None]:
+        """Each replica's CPUs: ``cores`` as given for one replica (None: vLLM's own
+        choice); for several, ``cores`` (else the CPUs this process may use) shared out
+        in order, in equal contiguous groups, the first groups one larger when they do
+        not divide evenly (ours: replicas that share a core slow each other down, so
+        each gets its own)."""
+        if self.replicas == 1:
+            return [self.cores]
+        cpus = parse_cpu_list(self.cores) if self.cores else sorted(os.sched_getaffinity(0))
+        if len(cpus) < self.replicas:
+            raise ServeError(
+                f"--replicas {self.replicas}: only {len(cpus)} CPUs to share out "
+                f"({','.join(map(str, cpus))}); each replica needs one"
+            )
+        share, extra = divmod(len(cpus), self.replicas)
+        groups: list[str | None] = []
+        start = 0
+        for index in range(self.replicas):
+            size = share + (index < extra)
+            groups.append(",".join(map(str, cpus[start : start + size])))
+            start += size
+        return groups
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """A CPU list as ``taskset -c`` takes it (``0,2-3``), in order, each CPU once."""
+    cpus: list[int] = []
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            span = range(int(first), int(last if dash else first) + 1)
+        except ValueError:
+            raise ServeError(f"--cores {text!r}: not a CPU list such as 0,2-3") from None
+        if not span or span.start < 0:
+            raise ServeError(f"--cores {text!r}: {part.strip()!r} is not a CPU range")
+        cpus.extend(cpu for cpu in span if cpu not in cpus)
+    return cpus
 
 
 def announce(host: str, port: int, engine: str) -> None:
@@ -115,7 +171,7 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def _plugin_env(options: ServeOptions, sockets: str) -> dict[str, str]:
+def _plugin_env(options: ServeOptions, sockets: Path) -> dict[str, str]:
     """The plugin's settings (plugin_config.py), in vLLM's environment."""
     env = {
         "AGENTMARS_POLICY": options.policy,
@@ -130,32 +186,60 @@ def _plugin_env(options: ServeOptions, sockets: str) -> dict[str, str]:
 def serve(options: ServeOptions) -> int:
     options.check()
     stop_on_sigterm()
-    engine = VllmServerConfig(
-        python=options.vllm_python,
-        model=options.model,
-        max_model_len=options.max_model_len,
-        num_blocks=options.num_blocks,
-        cores=options.cores,
-        otlp_traces_endpoint=traces_endpoint_from_env(),
-        cpu_kv_blocks=options.cpu_tier_blocks(),
-        extra_args=("--scheduler-cls", PLUGIN_CLASS, *options.vllm_args),
-    )
     try:
-        with (
-            tempfile.TemporaryDirectory(prefix="agentmars-") as sockets,
-            serve_vllm(engine, options.log_path, env=_plugin_env(options, sockets)) as engine_url,
-        ):
-            gateway = GatewayConfig(
-                upstream_url=engine_url,
-                token=options.token,
-                policy=options.policy,
-                block_size=CPU_BLOCK_SIZE,
-                plugin_kv_address=f"ipc://{sockets}/kv",
-                plugin_hints_address=f"ipc://{sockets}/hints",
-            )
-            app = create_gateway_app(gateway)
-            announce(options.host, options.port, f"engine {engine_url}")
-            run_gateway(app, options.host, options.port)
+        with tempfile.TemporaryDirectory(prefix="agentmars-") as sockets:
+            replicas = _replicas(options, Path(sockets))
+            with serve_vllm_replicas(replicas) as urls:
+                gateway = _gateway_config(options, replicas, urls)
+                app = create_gateway_app(gateway)
+                engines = ", ".join(urls)
+                announce(options.host, options.port, f"engine{'s' * (len(urls) > 1)} {engines}")
+                run_gateway(app, options.host, options.port)
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _replicas(options: ServeOptions, sockets: Path) -> list[VllmReplica]:
+    """The vLLM servers to start: one per replica, each with its CPUs, its plugin's
+    sockets (``sockets/<index>/``) and its log (replica 0's is ``log_path``)."""
+    replicas = []
+    for index, cores in enumerate(options.replica_cores()):
+        folder = sockets / str(index)
+        folder.mkdir()
+        config = VllmServerConfig(
+            python=options.vllm_python,
+            model=options.model,
+            max_model_len=options.max_model_len,
+            num_blocks=options.num_blocks,
+            cores=cores,
+            otlp_traces_endpoint=traces_endpoint_from_env(),
+            cpu_kv_blocks=options.cpu_tier_blocks(),
+            extra_args=("--scheduler-cls", PLUGIN_CLASS, *options.vllm_args),
+        )
+        log = options.log_path
+        if index > 0:
+            log = log.with_name(f"{log.stem}.{index}{log.suffix}")
+        replicas.append(VllmReplica(config, log, _plugin_env(options, folder)))
+    return replicas
+
+
+def _gateway_config(
+    options: ServeOptions, replicas: list[VllmReplica], urls: list[str]
+) -> GatewayConfig:
+    engines = [
+        EngineReplica(
+            url, replica.env["AGENTMARS_KV_STATUS_ADDR"], replica.env["AGENTMARS_HINTS_ADDR"]
+        )
+        for replica, url in zip(replicas, urls, strict=True)
+    ]
+    first, *more = engines
+    return GatewayConfig(
+        upstream_url=first.url,
+        token=options.token,
+        policy=options.policy,
+        block_size=CPU_BLOCK_SIZE,
+        plugin_kv_address=first.kv_address,
+        plugin_hints_address=first.hints_address,
+        more_replicas=tuple(more),
+    )

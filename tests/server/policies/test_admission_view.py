@@ -47,7 +47,7 @@ def test_the_kv_figures_are_the_newest_kv_stats_event_until_a_source_is_named() 
 
 def test_a_kv_source_wins_over_the_stream_and_the_host_counts_the_sessions() -> None:
     from_engine = KVStats(total_blocks=8, free_blocks=8, used_blocks=0)
-    seen = view(kv_source=lambda: from_engine, active_sessions=lambda: 3)
+    seen = view(kv_sources=[lambda: from_engine], active_sessions=lambda: 3)
     seen.observe(KVStats(total_blocks=64, free_blocks=1, used_blocks=63))
     assert seen.kv is from_engine
     assert seen.active_sessions == 3 and seen.tool_cores == 2

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -162,7 +162,16 @@ class Admission:
         """Admitted or known sessions with no call in flight and no tool call open."""
         self._in_tools = QuietSessions(tool_silence_s)
         """Admitted or known sessions with no call in flight but a tool call open."""
+        self.placed: dict[str, int] = {}
+        """Behind several engine replicas: the replica of each admitted session."""
+        self._on = Counter[int]()
         view.active_sessions_of = lambda: len(self.admitted)
+        view.sessions_on = lambda index: self._on[index]
+
+    def replica_of(self, session_id: str) -> int:
+        """The replica the session's calls go to (0 behind one engine; also for a
+        session whose end raced its admission: it no longer has a place)."""
+        return self.placed.get(session_id, 0)
 
     async def enter(self, meta: CallMeta) -> int:
         """Wait until ``meta``'s session is admitted, then count the call in flight;
@@ -208,6 +217,8 @@ class Admission:
 
     def _forget(self, session_id: str) -> None:
         self.admitted.pop(session_id, None)
+        if (replica := self.placed.pop(session_id, None)) is not None:
+            self._on[replica] -= 1
         self.known.pop(session_id, None)
         self._quiet.discard(session_id)
         self._in_tools.discard(session_id)
@@ -271,10 +282,23 @@ class Admission:
         if waiting is None:  # a policy that returns something it was not given
             raise RuntimeError(f"policy admitted {session.session_id!r}, which is not waiting")
         self.admitted[waiting.session_id] = AdmittedSession()
+        if self.view.replica_count > 1:
+            self._place(waiting)
         self.on_admit(waiting)
         self._settle(waiting.session_id)
         if not waiting.admitted.done():
             waiting.admitted.set_result(None)
+
+    def _place(self, session: WaitingSession) -> None:
+        """Put a session just admitted on the replica the policy chooses, for good."""
+        index = self.half.place(session, self.view)
+        if not 0 <= index < self.view.replica_count:
+            raise RuntimeError(
+                f"policy {self.policy_name!r} placed session {session.session_id!r} on "
+                f"replica {index!r}; there are {self.view.replica_count}"
+            )
+        self.placed[session.session_id] = index
+        self._on[index] += 1
 
     def _expire_quiet(self) -> None:
         now = self._clock()

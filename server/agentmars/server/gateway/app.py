@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
-from agentmars.sdk.events import MAX_COUNT, AnyEvent
+from agentmars.sdk.events import MAX_COUNT, AnyEvent, SessionEnd
 from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard, guarded_server
 from agentmars.sdk.integrations.request import TOOL_PRIORITY_HEADER
 from agentmars.sdk.sinks.otel import tracer_provider_from_env
@@ -44,7 +44,7 @@ from agentmars.server.gateway.call_meta import BadRequest, CallMeta, call_metada
 from agentmars.server.gateway.dashboard import dashboard_router
 from agentmars.server.gateway.events import CallRecorder, CallStatus, stream_router
 from agentmars.server.gateway.llm_apis import LLM_APIS, LLMApi
-from agentmars.server.gateway.metrics import GatewayMetrics
+from agentmars.server.gateway.metrics import GatewayMetrics, replicas_exposition
 from agentmars.server.gateway.operator_state import OperatorState
 from agentmars.server.gateway.passthrough import passthrough_router
 from agentmars.server.gateway.plugin_link import PluginLink
@@ -115,6 +115,24 @@ class GatewayConfig:
     """The served model's name, the ``model_name`` label of ``/metrics`` ("": the
     engine's, from its ``/v1/models`` when the gateway starts or, if the engine does
     not answer then, when it is first scraped)."""
+    more_replicas: tuple[EngineReplica, ...] = ()
+    """Engine replicas 1, 2, ... (replica 0 is ``upstream_url`` with the ``plugin_*``
+    addresses), all serving the same model: the policy's ``place`` puts each session on
+    one for its whole life (session affinity), its calls go there and its events to
+    that replica's plugin."""
+
+    def replicas(self) -> list[EngineReplica]:
+        first = EngineReplica(self.upstream_url, self.plugin_kv_address, self.plugin_hints_address)
+        return [first, *self.more_replicas]
+
+
+@dataclass(frozen=True)
+class EngineReplica:
+    """One engine behind the gateway: its base URL and its plugin's side channel."""
+
+    url: str
+    kv_address: str | None = None
+    hints_address: str | None = None
 
 
 @dataclass
@@ -127,42 +145,80 @@ class Gateway:
     operator: OperatorState
     """The operator's view (``/metrics`` and the dashboard read it)."""
     metrics: GatewayMetrics
-    upstream: Upstream | None = None
-    link: PluginLink | None = None
-    """The side channel to the scheduler plugin, if configured."""
+    upstreams: list[Upstream] = field(default_factory=list)
+    """The engine replicas, in ``config.replicas()`` order (made by the lifespan)."""
+    links: list[PluginLink | None] = field(default_factory=list)
+    """Each replica's side channel to its scheduler plugin, if configured."""
     stopping: Callable[[], bool] = lambda: False
     """True once the server shuts down: open event streams then end (whoever runs
     the app sets it, e.g. to ``lambda: server.should_exit`` for a uvicorn server)."""
 
     @property
     def engine(self) -> Upstream:
-        assert self.upstream is not None, "the gateway's lifespan has not started"
-        return self.upstream
+        """Replica 0: the one that answers what is no LLM call (models, tokenize...)."""
+        assert self.upstreams, "the gateway's lifespan has not started"
+        return self.upstreams[0]
+
+    def engine_of(self, session_id: str) -> Upstream:
+        """The replica the session was placed on."""
+        return self.upstreams[self.admission.replica_of(session_id)]
+
+    @property
+    def link(self) -> PluginLink | None:
+        """Replica 0's side channel."""
+        return self.links[0]
+
+    def forward(self, events: Sequence[AnyEvent]) -> None:
+        """Send events to the plugins: a placed session's to its replica's (but its
+        end, which every replica that heard of it must learn), the others to all."""
+        if len(self.links) == 1:
+            if self.links[0] is not None:
+                self.links[0].forward(events)
+            return
+        routed: list[list[AnyEvent]] = [[] for _ in self.links]
+        for event in events:
+            index = self.admission.placed.get(getattr(event, "session_id", ""))
+            for i, batch in enumerate(routed):
+                if index is None or i == index or isinstance(event, SessionEnd):
+                    batch.append(event)
+        for link, batch in zip(self.links, routed, strict=True):
+            if link is not None and batch:
+                link.forward(batch)
 
 
 def _build_gateway(config: GatewayConfig, hub: EventHub, policy: Policy | None) -> Gateway:
     """The gateway's services; refuses (``PolicyRefused``) a policy whose admission half
     needs what this gateway cannot give it."""
+    replicas = config.replicas()
+    _check_replicas(config, replicas)
     policy = policy or make_policy(config.policy, **config.policy_settings)
     half = policy.admission()
     provides = {Capability.TOOL_FIGURES, Capability.AGENT_INSTANCE}
     if config.kv_source is not None or config.plugin_kv_address:
         provides.add(Capability.KV_FIGURES)
     refuse_unless(policy.name, half.needs, provides, "the gateway")
-    link = None
-    if config.plugin_kv_address or config.plugin_hints_address:
-        link = PluginLink(
-            kv_address=config.plugin_kv_address,
-            hints_address=config.plugin_hints_address,
+    links = [
+        PluginLink(
+            kv_address=replica.kv_address,
+            hints_address=replica.hints_address,
             on_events=hub.publish,
         )
-    kv_source = config.kv_source or (link if config.plugin_kv_address else None)
+        if replica.kv_address or replica.hints_address
+        else None
+        for replica in replicas
+    ]
+    kv_sources = None
+    if config.kv_source is not None:
+        kv_sources = [config.kv_source.kv_stats]
+    elif config.plugin_kv_address:
+        kv_sources = [link.kv_stats for link in links if link is not None]
     half.publish = lambda event: hub.publish([event])
     view = StreamAdmissionView(
         clock=time.monotonic,
         block_size=config.block_size,
         tool_cores=config.tool_cores if config.tool_cores is not None else os.cpu_count() or 1,
-        kv_source=kv_source.kv_stats if kv_source is not None else None,
+        kv_sources=kv_sources,
+        replicas=len(replicas),
     )
     admission = Admission(
         half,
@@ -172,15 +228,28 @@ def _build_gateway(config: GatewayConfig, hub: EventHub, policy: Policy | None) 
         publish=hub.publish,
     )
     operator = OperatorState(admission, config.model_name)
-    return Gateway(config, hub, admission, operator, GatewayMetrics(operator), link=link)
+    return Gateway(config, hub, admission, operator, GatewayMetrics(operator), links=links)
+
+
+def _check_replicas(config: GatewayConfig, replicas: Sequence[EngineReplica]) -> None:
+    """Several replicas: each with its own side channel or none with one, and the KV
+    figures from the side channels (one ``kv_source`` cannot speak for them all)."""
+    if len(replicas) == 1:
+        return
+    if config.kv_source is not None:
+        raise ValueError("a kv_source gives one engine's KV figures: not for several replicas")
+    for name in ("kv_address", "hints_address"):
+        given = [getattr(replica, name) is not None for replica in replicas]
+        if any(given) and not all(given):
+            raise ValueError(f"some replicas have a plugin {name} and some not: give all or none")
 
 
 def _on_events(gateway: Gateway, events: Sequence[AnyEvent]) -> None:
     for event in events:
         gateway.operator.observe(event)
+    # To the plugins first: a session's end in this batch unplaces it at the admission.
+    gateway.forward(events)
     gateway.admission.on_events(events)
-    if gateway.link is not None:
-        gateway.link.forward(events)
 
 
 async def _admission_passes(admission: Admission) -> None:
@@ -196,12 +265,15 @@ async def _admission_passes(admission: Admission) -> None:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     gateway: Gateway = app.state.gateway
     config = gateway.config
-    gateway.upstream = Upstream(
-        config.upstream_url,
-        connect_timeout_s=config.connect_timeout_s,
-        read_timeout_s=config.read_timeout_s,
-        models_ttl_s=config.models_ttl_s,
-    )
+    gateway.upstreams = [
+        Upstream(
+            replica.url,
+            connect_timeout_s=config.connect_timeout_s,
+            read_timeout_s=config.read_timeout_s,
+            models_ttl_s=config.models_ttl_s,
+        )
+        for replica in config.replicas()
+    ]
     loop = asyncio.get_running_loop()
 
     # Hub subscribers run on the publishing thread (ingest uses a worker thread): the
@@ -209,8 +281,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     def to_loop(events: Sequence[AnyEvent]) -> None:
         loop.call_soon_threadsafe(_on_events, gateway, events)
 
-    if gateway.link is not None:
-        gateway.link.start()
+    for link in gateway.links:
+        if link is not None:
+            link.start()
     unsubscribe = gateway.hub.subscribe(to_loop)
     passes = asyncio.create_task(_admission_passes(gateway.admission))
     try:
@@ -219,9 +292,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         passes.cancel()
         unsubscribe()
-        await gateway.engine.aclose()
-        if gateway.link is not None:
-            gateway.link.close()
+        for upstream in gateway.upstreams:
+            await upstream.aclose()
+        for link in gateway.links:
+            if link is not None:
+                link.close()
 
 
 async def _learn_model_name(gateway: Gateway) -> None:
@@ -244,6 +319,21 @@ async def _engine_metrics(engine: Upstream) -> bytes | None:
     if answer.status != 200 or not (answer.content_type or "").startswith("text/plain"):
         return None
     return answer.content if answer.content.endswith(b"\n") else answer.content + b"\n"
+
+
+async def _engines_metrics(gateway: Gateway) -> tuple[bytes, bool]:
+    """The replicas' series (labelled by replica when there are several), and whether
+    every replica gave its own."""
+    texts = await asyncio.gather(*(_engine_metrics(engine) for engine in gateway.upstreams))
+    all_up = all(text is not None for text in texts)
+    if len(texts) == 1:
+        return texts[0] or b"", all_up
+    try:
+        merged = replicas_exposition([None if t is None else t.decode() for t in texts])
+    except ValueError:  # an engine's text the parser cannot read: leave theirs out
+        log.exception("agentmars: the replicas' /metrics could not be merged")
+        return b"", False
+    return merged, all_up
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -295,7 +385,7 @@ async def _forward(
         gateway.admission.leave(meta.session_id, session_over=status == "cancelled")
 
     call = exchange(
-        gateway.engine,
+        gateway.engine_of(meta.session_id),
         api.path,
         forwarded_body(body, meta, turn),
         forwarded_headers(request, meta),
@@ -406,11 +496,11 @@ def _routes(app: FastAPI, gateway: Gateway) -> None:
     async def metrics() -> Response:
         """Prometheus metrics: the gateway's (``agentmars_*``), then the engine's."""
         await _learn_model_name(gateway)
-        engine = await _engine_metrics(gateway.engine)
+        engines, all_up = await _engines_metrics(gateway)
         # On the event loop, as the fold it reads: no other code runs in between.
-        gateway.metrics.collector.engine_up = engine is not None
+        gateway.metrics.collector.engine_up = all_up
         own = generate_latest(gateway.metrics.registry)
-        return Response(own + (engine or b""), media_type=CONTENT_TYPE_LATEST)
+        return Response(own + engines, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:

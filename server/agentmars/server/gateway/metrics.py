@@ -11,15 +11,18 @@ plugin's side channel (the twin's carry no releases).
 
 The engine's own ``/metrics`` (vLLM's ``vllm:*`` series, or the twin's) is appended to
 the gateway's by the route (``app.py``), so one scrape target serves a whole dashboard;
-``agentmars_engine_metrics_up`` says whether it was.
+``agentmars_engine_metrics_up`` says whether it was. Behind several replicas each
+sample of theirs carries a ``replica`` label (``ReplicaSeries``), and the flag says
+whether all answered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from agentmars.server.gateway.operator_state import OperatorState
@@ -98,3 +101,34 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self.collector = GatewayCollector(operator)
         self.registry.register(self.collector)
+
+
+class ReplicaSeries(Collector):
+    """Several engine replicas' own series as one exposition, each sample labelled with
+    its ``replica`` (their names are the same: vLLM's, each with ``engine="0"``)."""
+
+    def __init__(self, expositions: Sequence[str | None]) -> None:
+        self._expositions = expositions
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for index, text in enumerate(self._expositions):
+            if text is None:
+                continue
+            for family in text_string_to_metric_families(text):
+                merged = families.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type, family.unit)
+                )
+                replica = str(index)
+                merged.samples.extend(
+                    sample._replace(labels={**sample.labels, "replica": replica})
+                    for sample in family.samples
+                )
+        yield from families.values()
+
+
+def replicas_exposition(expositions: Sequence[str | None]) -> bytes:
+    """The engines' series of several replicas, labelled (those that gave none left out)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReplicaSeries(expositions))
+    return generate_latest(registry)

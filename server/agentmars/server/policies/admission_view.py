@@ -39,37 +39,48 @@ class StreamAdmissionView(FollowsTools):
         block_size: int,
         tool_cores: int,
         active_sessions: Callable[[], int] = lambda: 0,
-        kv_source: Callable[[], KVStats | None] | None = None,
+        kv_sources: Sequence[Callable[[], KVStats | None]] | None = None,
         replicas: int = 1,
-        sessions_on: Callable[[int], int] | None = None,
+        sessions_on: Callable[[int], int] = lambda index: 0,
     ) -> None:
-        """``replicas``: the engine replicas behind the gateway, whose ``kv_stats`` say
-        which they are of; ``sessions_on(index)``: the sessions placed on one."""
+        """``replicas``: the engine replicas behind the host; ``kv_sources``: where each
+        one's KV figures come from (the gateway's side channels), else the ``kv_stats``
+        events observed, which say which replica they are of; ``sessions_on(index)``:
+        the sessions placed on one replica."""
+        if kv_sources is not None and len(kv_sources) != replicas:
+            raise ValueError(f"{len(kv_sources)} KV sources for {replicas} replicas")
         self._clock = clock
         self.block_size = block_size
         self.tool_cores = tool_cores
         self.active_sessions_of = active_sessions
         """Set by the admission that owns the sessions."""
+        self.sessions_on = sessions_on
+        """Set by the admission that places the sessions."""
         self.tools = ToolActivity()
-        self._kv_source = kv_source
+        self._kv_sources = kv_sources
         self._kv_seen: list[KVStats | None] = [None] * replicas
-        self._sessions_on = sessions_on
+
+    def _figures(self) -> list[KVStats | None]:
+        if self._kv_sources is not None:
+            return [source() for source in self._kv_sources]
+        return self._kv_seen
+
+    @property
+    def replica_count(self) -> int:
+        return len(self._kv_seen)
 
     @property
     def kv(self) -> KVStats | None:
         """The newest figures; behind several replicas, their sum."""
-        if self._kv_source is not None:
-            return self._kv_source()
-        if len(self._kv_seen) == 1:
-            return self._kv_seen[0]
-        return summed_kv(self._kv_seen)
+        figures = self._figures()
+        return figures[0] if len(figures) == 1 else summed_kv(figures)
 
     @property
     def replicas(self) -> list[Replica]:
-        if len(self._kv_seen) == 1:
-            return [Replica(0, self.kv, self.active_sessions)]
-        on = self._sessions_on or (lambda index: 0)
-        return [Replica(i, kv, on(i)) for i, kv in enumerate(self._kv_seen)]
+        figures = self._figures()
+        if len(figures) == 1:
+            return [Replica(0, figures[0], self.active_sessions)]
+        return [Replica(i, kv, self.sessions_on(i)) for i, kv in enumerate(figures)]
 
     @property
     def now(self) -> float:

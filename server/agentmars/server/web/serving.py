@@ -16,7 +16,8 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,19 @@ def free_loopback_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class ServerCommand:
+    """A server process to run: ``argv`` plus ``--port N`` (``port``, else a free one),
+    healthy once ``health_path`` answers 200; ``env`` on top of this process's; its
+    output to ``log_path`` (see ``serve_in_subprocess``)."""
+
+    argv: list[str]
+    env: dict[str, str] | None = None
+    health_path: str = "/healthz"
+    log_path: Path | None = None
+    port: int | None = None
+
+
 @contextlib.contextmanager
 def serve_in_subprocess(
     argv: list[str],
@@ -107,20 +121,41 @@ def serve_in_subprocess(
     stderr go to that file (a chatty server such as vLLM would fill an unread pipe and
     block); else stdout is dropped and stderr piped, read only to report a failed
     start."""
-    port = free_loopback_port() if port is None else port
+    command = ServerCommand(argv, env, health_path, log_path, port)
+    with serve_in_subprocesses([command], startup_timeout_s, stop_grace_s) as (url,):
+        yield url
+
+
+@contextlib.contextmanager
+def serve_in_subprocesses(
+    commands: Sequence[ServerCommand], startup_timeout_s: float = 30.0, stop_grace_s: float = 5.0
+) -> Iterator[list[str]]:
+    """Run several servers as ``serve_in_subprocess`` runs one, all started before any
+    is waited for (so N slow starts take the time of one); yields their base URLs, in
+    order, once each is healthy. If one fails to start, all are stopped."""
     with contextlib.ExitStack() as stack:
-        log = stack.enter_context(log_path.open("wb")) if log_path else None
-        with _stop_signals_held():
-            process = subprocess.Popen(
-                [*argv, "--port", str(port)],
-                env={**os.environ, **(env or {})},
-                start_new_session=True,
-                stdout=log or subprocess.DEVNULL,
-                stderr=log or subprocess.PIPE,
-            )
-            stack.callback(_stop_group, process, stop_grace_s)
-        _wait_healthy(process, f"http://127.0.0.1:{port}{health_path}", startup_timeout_s, log_path)
-        yield f"http://127.0.0.1:{port}"
+        started = [_start(stack, command, stop_grace_s) for command in commands]
+        for command, (process, url) in zip(commands, started, strict=True):
+            _wait_healthy(process, url + command.health_path, startup_timeout_s, command.log_path)
+        yield [url for _, url in started]
+
+
+def _start(
+    stack: contextlib.ExitStack, command: ServerCommand, stop_grace_s: float
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``command``'s process group, stopped when ``stack`` closes."""
+    port = free_loopback_port() if command.port is None else command.port
+    log = stack.enter_context(command.log_path.open("wb")) if command.log_path else None
+    with _stop_signals_held():
+        process = subprocess.Popen(
+            [*command.argv, "--port", str(port)],
+            env={**os.environ, **(command.env or {})},
+            start_new_session=True,
+            stdout=log or subprocess.DEVNULL,
+            stderr=log or subprocess.PIPE,
+        )
+        stack.callback(_stop_group, process, stop_grace_s)
+    return process, f"http://127.0.0.1:{port}"
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -18,7 +18,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -26,7 +26,7 @@ from typing import Final
 from agentmars.sdk.otlp import traces_endpoint_from_env
 from agentmars.server.engines.vllm.cpu_tier import kv_transfer_config
 from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
-from agentmars.server.web.serving import serve_in_subprocess
+from agentmars.server.web.serving import ServerCommand, serve_in_subprocesses
 
 #: The name clients pass as ``model``.
 SERVED_MODEL_NAME = "tiny-llama"
@@ -161,16 +161,39 @@ def serve_vllm(
     output goes to ``log_path``. On exit its whole process group (API server, engine
     core, worker) is stopped, so nothing is orphaned.
     """
-    with serve_in_subprocess(
-        server_argv(config),
-        env={**server_env(config), **(env or {})},
-        port=port,
-        health_path="/health",
-        startup_timeout_s=startup_timeout_s,
-        log_path=log_path,
-        stop_grace_s=30.0,
-    ) as base_url:
+    replica = VllmReplica(config, log_path, env or {}, port)
+    with serve_vllm_replicas([replica], startup_timeout_s) as (base_url,):
         yield base_url
+
+
+@dataclass(frozen=True)
+class VllmReplica:
+    """One of several vLLM servers: its settings, log, plugin environment and port."""
+
+    config: VllmServerConfig
+    log_path: Path
+    env: Mapping[str, str]
+    port: int | None = None
+
+
+@contextlib.contextmanager
+def serve_vllm_replicas(
+    replicas: Sequence[VllmReplica], startup_timeout_s: float = STARTUP_TIMEOUT_S
+) -> Iterator[list[str]]:
+    """Run several servers as ``serve_vllm`` runs one, started together (N starts take
+    the time of about one); yields their base URLs in order once all answer."""
+    commands = [
+        ServerCommand(
+            server_argv(replica.config),
+            env={**server_env(replica.config), **replica.env},
+            health_path="/health",
+            log_path=replica.log_path,
+            port=replica.port,
+        )
+        for replica in replicas
+    ]
+    with serve_in_subprocesses(commands, startup_timeout_s, stop_grace_s=30.0) as urls:
+        yield urls
 
 
 def main(argv: list[str] | None = None) -> int:
