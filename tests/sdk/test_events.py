@@ -28,6 +28,7 @@ from agentmars.sdk.events import (
     LLMSubmit,
     MalformedEvent,
     SessionEnd,
+    SessionMove,
     SessionPause,
     SessionResume,
     SessionStart,
@@ -85,6 +86,7 @@ def realistic_events() -> list[Event]:
         ),
         SessionPause(session_id=SID, source="engine", reason="thrashing"),
         SessionResume(session_id=SID, source="engine"),
+        SessionMove(session_id=SID, source="gateway", from_replica=0, to_replica=2),
         ToolEnqueue(session_id=SID, call_id="call_0", turn=0, tool="terminal", priority=-2),
         ToolStart(session_id=SID, call_id="call_0", turn=0, tool="terminal", queue_wait_s=0.004),
         ToolEnd(
@@ -139,6 +141,7 @@ def minimal_events() -> list[Event]:
         SessionEnd(session_id=SID),
         SessionPause(session_id=SID),
         SessionResume(session_id=SID),
+        SessionMove(session_id=SID, from_replica=0, to_replica=1),
         LLMSubmit(session_id=SID, call_id=CALL),
         LLMFirstToken(session_id=SID, call_id=CALL, ttft_s=0.0),
         LLMEnd(session_id=SID, call_id=CALL),
@@ -160,7 +163,7 @@ def test_samples_cover_every_event_kind() -> None:
     # A new kind added to the schema must get a sample here to be round-trip tested.
     assert {e.kind for e in realistic_events()} == set(EVENT_KINDS)
     assert {e.kind for e in minimal_events()} == set(EVENT_KINDS)
-    assert len(EVENT_KINDS) == len(set(EVENT_KINDS)) == 15
+    assert len(EVENT_KINDS) == len(set(EVENT_KINDS)) == 16
 
 
 @pytest.mark.parametrize("event", ALL_EVENTS, ids=lambda e: e.kind)

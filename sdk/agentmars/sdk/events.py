@@ -195,6 +195,16 @@ class SessionResume(SessionEvent):
     kind: Literal["session_resume"] = "session_resume"
 
 
+class SessionMove(SessionEvent):
+    """Behind several engine replicas, the host moved the session from one to another
+    (its admission half's ``moves``): its calls go to ``to_replica`` from now on, and
+    the replica it left forgets it as if it had ended there."""
+
+    kind: Literal["session_move"] = "session_move"
+    from_replica: Count
+    to_replica: Count
+
+
 # --- GPU plane ---------------------------------------------------------------
 
 
@@ -384,6 +394,7 @@ AnyEvent: TypeAlias = Annotated[
     | SessionEnd
     | SessionPause
     | SessionResume
+    | SessionMove
     | LLMSubmit
     | LLMFirstToken
     | LLMEnd
@@ -402,7 +413,7 @@ _ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
 EVENT_KINDS: tuple[str, ...] = tuple(
     cls.model_fields["kind"].default
     for cls in (
-        SessionStart, SessionEnd, SessionPause, SessionResume, LLMSubmit,
+        SessionStart, SessionEnd, SessionPause, SessionResume, SessionMove, LLMSubmit,
         LLMFirstToken, LLMEnd, ToolEnqueue, ToolStart, ToolEnd, ToolStats,
         WindowUpdate, KVStats, KVPin, KVUnpin,
     )

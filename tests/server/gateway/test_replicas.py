@@ -16,12 +16,23 @@ from typing import Any
 import httpx
 import pytest
 
-from agentmars.sdk.events import AnyEvent, KVStats, SessionEnd, ToolStart, ToolStats, encode_jsonl
+from agentmars.sdk.events import (
+    AnyEvent,
+    KVStats,
+    SessionEnd,
+    SessionMove,
+    ToolStart,
+    ToolStats,
+    encode_jsonl,
+)
 from agentmars.server.engines.scripted.app import ScriptedLatency, create_scripted_llm_app
 from agentmars.server.engines.vllm.hints import HintInbox
 from agentmars.server.engines.vllm.kv_status import KVStatusPublisher
 from agentmars.server.gateway.app import EngineReplica, GatewayConfig, create_gateway_app
 from agentmars.server.gateway.metrics import replicas_exposition
+from agentmars.server.policies.interface import AdmissionHalf, Policy
+from agentmars.server.policies.registry import make_policy
+from agentmars.server.policies.views import AdmissionView, SessionView
 from agentmars.server.web.serving import serve_in_thread
 from tests.server.gateway.conftest import AUTH, MODEL, TOKEN
 
@@ -40,7 +51,9 @@ def _engines(count: int) -> Iterator[list[tuple[str, Any]]]:
 
 
 @contextlib.contextmanager
-def _gateway(replicas: Sequence[EngineReplica], **config: Any) -> Iterator[tuple[str, Any]]:
+def _gateway(
+    replicas: Sequence[EngineReplica], policy: Policy | None = None, **config: Any
+) -> Iterator[tuple[str, Any]]:
     first, *more = replicas
     app = create_gateway_app(
         GatewayConfig(
@@ -50,7 +63,8 @@ def _gateway(replicas: Sequence[EngineReplica], **config: Any) -> Iterator[tuple
             plugin_hints_address=first.hints_address,
             more_replicas=tuple(more),
             **config,
-        )
+        ),
+        policy=policy,
     )
     with serve_in_thread(app) as url:
         yield url, app.state.gateway
@@ -97,7 +111,7 @@ def test_a_replicas_kv_figures_place_a_session_where_there_is_room(tmp_path: Pat
                 EngineReplica(url, kv, hints)
                 for (url, _), (kv, hints) in zip(engines, sockets, strict=True)
             ]
-            with _gateway(replicas, policy="thunderagent") as (url, gw):
+            with _gateway(replicas, make_policy("thunderagent")) as (url, gw):
                 view = gw.admission.view
                 _eventually(lambda: all(r.kv is not None for r in view.replicas))
                 assert [r.kv.free_blocks for r in view.replicas] == [10, 50]
@@ -111,7 +125,12 @@ def test_a_replicas_kv_figures_place_a_session_where_there_is_room(tmp_path: Pat
             publisher.stop()
 
 
-def test_events_go_to_the_placed_replicas_plugin_and_ends_to_all(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _hinted(
+    tmp_path: Path, policy: Policy | None = None
+) -> Iterator[tuple[str, Any, list[HintInbox], list[tuple[str, Any]]]]:
+    """A gateway over two scripted engines, each replica's hints read by the plugin's
+    own inbox: (gateway URL, gateway, inboxes, engines)."""
     hints = [f"ipc://{tmp_path}/hints{i}" for i in range(2)]
     inboxes = [HintInbox(address) for address in hints]
     try:
@@ -120,18 +139,23 @@ def test_events_go_to_the_placed_replicas_plugin_and_ends_to_all(tmp_path: Path)
                 EngineReplica(url, hints_address=address)
                 for (url, _), address in zip(engines, hints, strict=True)
             ]
-            with _gateway(replicas) as (url, _gw):
-                _call(url, "a")  # replica 0
-                _call(url, "b")  # replica 1
-                tool = ToolStart(session_id="b", call_id="t1", tool="pytest")
-                unplaced = ToolStart(session_id="nobody", call_id="t2", tool="grep")
-                stats = ToolStats(active=2)
-                end = SessionEnd(session_id="b", turns=1)
-                _post(url, tool, unplaced, stats, end)
-                received = [_drained(inbox, lambda e: e == end) for inbox in inboxes]
+            with _gateway(replicas, policy) as (url, gw):
+                yield url, gw, inboxes, engines
     finally:
         for inbox in inboxes:
             inbox.stop()
+
+
+def test_events_go_to_the_placed_replicas_plugin_and_ends_to_all(tmp_path: Path) -> None:
+    with _hinted(tmp_path) as (url, _gw, inboxes, _):
+        _call(url, "a")  # replica 0
+        _call(url, "b")  # replica 1
+        tool = ToolStart(session_id="b", call_id="t1", tool="pytest")
+        unplaced = ToolStart(session_id="nobody", call_id="t2", tool="grep")
+        stats = ToolStats(active=2)
+        end = SessionEnd(session_id="b", turns=1)
+        _post(url, tool, unplaced, stats, end)
+        received = [_drained(inbox, lambda e: e == end) for inbox in inboxes]
     ours = [[e for e in events if e.kind != "llm_submit" and e.kind != "llm_first_token"]
             for events in received]  # fmt: skip
     on_0 = [e for e in ours[0] if e.kind in ("tool_start", "tool_stats", "session_end")]
@@ -141,6 +165,39 @@ def test_events_go_to_the_placed_replicas_plugin_and_ends_to_all(tmp_path: Path)
     # Each session's call events reach its own replica's plugin only.
     assert {e.session_id for e in ours[0] if e.kind == "llm_end"} == {"a"}
     assert {e.session_id for e in ours[1] if e.kind == "llm_end"} == {"b"}
+
+
+class _Hop(AdmissionHalf):
+    """Moves a session to the next replica at each of its calls."""
+
+    def moves(self, session: SessionView, current: int, view: AdmissionView) -> int | None:
+        return (current + 1) % len(view.replicas)
+
+
+class _Hopper(Policy):
+    name = "test-gateway-hopper"
+
+    def admission(self) -> AdmissionHalf:
+        return _Hop()
+
+
+def test_a_moved_sessions_calls_go_to_its_new_replica_and_the_old_one_hears_it_ended(
+    tmp_path: Path,
+) -> None:
+    with _hinted(tmp_path, _Hopper()) as (url, gw, inboxes, engines):
+        for _ in range(3):
+            _call(url, "a")
+        moved = [e for e in gw.hub.events() if isinstance(e, SessionMove)]
+        assert [(m.from_replica, m.to_replica) for m in moved] == [(0, 1), (1, 0)]
+        assert gw.admission.placed == {"a": 0}
+        received = [_drained(inbox, lambda e: isinstance(e, SessionEnd)) for inbox in inboxes]
+    assert _sessions_served(engines[0][1]) == ["a", "a"]
+    assert _sessions_served(engines[1][1]) == ["a"]
+    # The replica a session leaves hears that it ended there; the stream says it moved.
+    ends = [[e.error for e in events if isinstance(e, SessionEnd)] for events in received]
+    assert ends[0][0] == "moved to replica 1"
+    assert ends[1][0] == "moved to replica 0"
+    assert not any(isinstance(e, SessionMove) for events in received for e in events)
 
 
 def test_replicas_are_given_whole_or_refused() -> None:

@@ -8,7 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from agentmars.sdk.events import AnyEvent, LLMSubmit, SessionEnd, SessionPause, SessionResume
+from agentmars.sdk.events import (
+    AnyEvent,
+    LLMSubmit,
+    SessionEnd,
+    SessionMove,
+    SessionPause,
+    SessionResume,
+)
+from agentmars.server.policies.admission_view import StreamAdmissionView
 from agentmars.server.policies.interface import Offload, Pin, Release, SessionAction
 from agentmars.server.policies.mori import Mori
 from agentmars.server.policies.mori.admission import MoriAdmission
@@ -85,7 +93,7 @@ def test_time_a_call_waits_in_a_gated_tier_counts_neither_as_acting_nor_reasonin
     crowded = _view(5.0, total_blocks=4, pins=[PinData("A", 4, 64)], waiting=[call("B")])
     assert list(engine.tick(crowded)) == [
         SessionAction("offload", "A"),
-        SessionAction("pause", "A"),
+        SessionAction("pause", "A", Tier.CPU.pause_reason),
     ]
     # A's tool ends and its next call arrives at 6 s: held. Promoted at 10 s, it runs
     # from 10 s to 11 s. Its cycle: Reasoning 2 s, Acting 4 s (2 -> 6), Reasoning 1 s;
@@ -176,7 +184,9 @@ def test_a_reasoning_victim_finishes_its_call_then_is_offloaded_and_gated() -> N
     # Its call ends: its KV goes to the CPU tier, and the next check gates it.
     assert engine.on_call_finished(b0, _view(5.5, total_blocks=4)) == Offload()
     assert engine.tier("B") is Tier.CPU
-    assert list(engine.tick(_view(5.6, total_blocks=4))) == [SessionAction("pause", "B")]
+    assert list(engine.tick(_view(5.6, total_blocks=4))) == [
+        SessionAction("pause", "B", Tier.CPU.pause_reason)
+    ]
 
 
 def test_a_victim_without_room_in_the_cpu_tier_is_discarded() -> None:
@@ -186,6 +196,9 @@ def test_a_victim_without_room_in_the_cpu_tier_is_discarded() -> None:
     engine.tick(EngineData(now=5.0, total_blocks=4, running=[b0]))  # no CPU tier
     assert engine.on_call_finished(b0, EngineData(now=6.0, total_blocks=4)) == Release()
     assert engine.tier("B") is Tier.WAITING
+    # Its gate says it is in the Waiting tier: the gateway may place it anew.
+    gate = list(engine.tick(EngineData(now=6.1, total_blocks=4)))
+    assert gate == [SessionAction("pause", "B", "mori: waiting tier")]
 
 
 def test_busy_programs_calls_run_before_idle_ones() -> None:
@@ -215,6 +228,41 @@ def test_new_programs_wait_behind_a_gated_program_with_a_call_then_go_smallest_f
     assert list(MoriAdmission.admit(admission, queue, view)) == []
     admission.on_event(SessionResume(session_id="gated"))
     assert [s.session_id for s in admission.admit(queue[:1], view)] == ["big"]
+
+
+def _two_replicas(free: list[int]) -> StreamAdmissionView:
+    figures = [kv_stats(free_blocks=blocks) for blocks in free]
+    return StreamAdmissionView(
+        clock=lambda: 0.0,
+        block_size=16,
+        tool_cores=4,
+        kv_sources=[lambda i=i: figures[i] for i in range(2)],  # type: ignore[misc]
+        replicas=2,
+    )
+
+
+def test_a_waiting_program_moves_to_the_replica_with_the_most_room_if_its_own_has_none() -> None:
+    # The Waiting queue is global (§4.1): a program whose KV was discarded may come back
+    # on any replica, the one with the most room first (BFD, §4.3.1), when its own has
+    # no room for it (ours: its own may still cache part of it); a CPU-tier one keeps
+    # its replica (its KV is in that replica's CPU memory).
+    admission = MoriAdmission()
+    view = _two_replicas([4, 20])  # 64 and 320 tokens of room
+    admission.on_event(SessionPause(session_id="w", reason=Tier.WAITING.pause_reason))
+    admission.on_event(SessionPause(session_id="c", reason=Tier.CPU.pause_reason))
+    assert admission.moves(SessionData("c", 100), 0, view) is None
+    assert admission.moves(SessionData("w", 400), 0, view) is None  # fits nowhere
+    assert admission.moves(SessionData("w", 100), 1, view) is None  # its own has room
+    assert admission.moves(SessionData("w", 60), 0, view) is None  # so has this one
+    assert admission.moves(SessionData("w", 100), 0, view) == 1
+    # Its prompt now counts against replica 1's room until it starts.
+    assert admission.room(view) == {0: 64, 1: 220}
+    # Moved, or promoted where it was: no longer Waiting.
+    admission.on_event(SessionMove(session_id="w", from_replica=0, to_replica=1))
+    assert admission.moves(SessionData("w", 100), 0, view) is None
+    admission.on_event(SessionPause(session_id="w2", reason=Tier.WAITING.pause_reason))
+    admission.on_event(SessionResume(session_id="w2"))
+    assert admission.moves(SessionData("w2", 10), 0, view) is None
 
 
 # --- on the simulator --------------------------------------------------------------------

@@ -9,8 +9,10 @@ from collections import defaultdict
 
 import pytest
 
+from agentmars.sdk.events import AnyEvent, SessionEnd, SessionMove
+from agentmars.server.metrics.summary import summarize
 from agentmars.server.policies.fcfs import FCFS
-from agentmars.server.policies.interface import AdmissionHalf, Policy
+from agentmars.server.policies.interface import AdmissionHalf, EngineHalf, KVDecision, Pin, Policy
 from agentmars.server.policies.registry import make_policy
 from agentmars.server.policies.views import AdmissionView, CallView, EngineView, SessionView
 from agentmars.server.sim.engine import SimConfig, SimEngine, SimError
@@ -26,19 +28,29 @@ def _sessions(count: int, prompt: int = 100, apart_s: float = 0.05) -> object:
     )
 
 
-def _where_calls_ran(engine: SimEngine) -> dict[str, set[int]]:
-    """Run, noting on which replica each finished call of each session ran."""
-    ran: dict[str, set[int]] = defaultdict(set)
+def _note_finished_calls(engine: SimEngine) -> list[tuple[str, int]]:
+    """(session, replica) of each call the engine will finish, in order (a session's
+    last call asks no decision, so it is not noted)."""
+    finished: list[tuple[str, int]] = []
     for replica in engine.replicas:
         half = replica.engine_half
-        finished = half.on_call_finished
+        decide = half.on_call_finished
 
-        def note(call: CallView, view: EngineView, index: int = replica.index, f=finished):  # type: ignore[no-untyped-def]
-            ran[call.session_id].add(index)
+        def note(call: CallView, view: EngineView, index: int = replica.index, f=decide):  # type: ignore[no-untyped-def]
+            finished.append((call.session_id, index))
             return f(call, view)
 
         half.on_call_finished = note  # type: ignore[method-assign]
+    return finished
+
+
+def _where_calls_ran(engine: SimEngine) -> dict[str, set[int]]:
+    """Run, noting on which replica each finished call of each session ran."""
+    finished = _note_finished_calls(engine)
     engine.run()
+    ran: dict[str, set[int]] = defaultdict(set)
+    for session_id, index in finished:
+        ran[session_id].add(index)
     return ran
 
 
@@ -125,3 +137,72 @@ def test_one_replica_is_the_single_engine() -> None:
     record = engine.run()
     assert len(engine.replicas) == 1 and record.engine == "sim:test-flat"
     assert engine.kv is engine.replicas[0].kv
+
+
+# --- moves ------------------------------------------------------------------------------
+
+
+class _Hop(AdmissionHalf):
+    """Moves a session to the next replica at each of its calls."""
+
+    def moves(self, session: SessionView, current: int, view: AdmissionView) -> int | None:
+        return (current + 1) % len(view.replicas)
+
+
+class _PinsAndListens(EngineHalf):
+    """Pins every session's KV after its calls; keeps the session ends it hears."""
+
+    def __init__(self) -> None:
+        self.ended: list[SessionEnd] = []
+
+    def on_event(self, event: AnyEvent) -> None:
+        if isinstance(event, SessionEnd):
+            self.ended.append(event)
+
+    def on_call_finished(self, call: CallView, view: EngineView) -> KVDecision:
+        return Pin()
+
+
+class _Hopper(Policy):
+    name = "test-hopper"
+
+    def admission(self) -> AdmissionHalf:
+        return _Hop()
+
+    def engine(self) -> EngineHalf:
+        return _PinsAndListens()
+
+
+def test_a_moved_session_runs_on_its_new_replica_and_the_old_one_forgets_it() -> None:
+    engine = SimEngine(
+        _sessions(1),  # type: ignore[arg-type]
+        _Hopper(),
+        flat_profile(num_gpu_blocks=64),
+        SimConfig(tool_cores=4, replicas=2),
+    )
+    finished = _note_finished_calls(engine)
+    moves: list[SessionMove] = []
+    pinned_at_moves: list[list[int]] = []
+    emit = engine.emit
+
+    def watch(event: AnyEvent) -> None:
+        if isinstance(event, SessionMove):
+            moves.append(event)
+            pinned_at_moves.append([replica.kv.pinned_blocks for replica in engine.replicas])
+        emit(event)
+
+    engine.emit = watch  # type: ignore[method-assign]
+    record = engine.run()
+    # Three calls: placed on 0, moved to 1 for the second, back to 0 for the third (the
+    # last call's end is not asked for a decision, so two notes).
+    assert finished == [("s0", 0), ("s0", 1)]
+    assert [(m.from_replica, m.to_replica) for m in moves] == [(0, 1), (1, 0)]
+    # Each replica left heard the session end there; then its real end reached the last.
+    halves = [replica.engine_half for replica in engine.replicas]
+    assert [e.error for e in halves[0].ended] == ["moved to replica 1", None]  # type: ignore[attr-defined]
+    assert [e.error for e in halves[1].ended] == ["moved to replica 0"]  # type: ignore[attr-defined]
+    # The pin the session held on the replica it left went with each move.
+    assert pinned_at_moves == [[0, 0], [0, 0]]
+    assert record.sessions[0].moves == 2
+    summary = summarize(record)
+    assert (summary.moved_sessions, summary.moves_per_session) == (1.0, 2.0)

@@ -35,6 +35,7 @@ from typing import Literal
 from agentmars.sdk.events import (
     AnyEvent,
     SessionEnd,
+    SessionMove,
     SessionStart,
     ToolEnd,
     ToolEnqueue,
@@ -77,6 +78,16 @@ class WaitingSession:
     admitted: asyncio.Future[None]
     calls: int = 0
     """Calls of the session waiting on ``admitted``."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallingSession:
+    """An admitted session whose call just came (a ``SessionView`` for ``moves``)."""
+
+    session_id: str
+    agent: str
+    arrival_s: float
+    prompt_tokens: int
 
 
 @dataclass(slots=True)
@@ -178,6 +189,8 @@ class Admission:
         returns the call's turn (the client's, else the gateway's count)."""
         if meta.session_id not in self.admitted:
             await self._wait_for_admission(meta)
+        elif self.view.replica_count > 1:
+            self._move_if_asked(meta)
         # setdefault: a session_end may have raced the admission; the call still runs.
         session = self.admitted.setdefault(meta.session_id, AdmittedSession())
         session.in_flight += 1
@@ -292,13 +305,38 @@ class Admission:
     def _place(self, session: WaitingSession) -> None:
         """Put a session just admitted on the replica the policy chooses, for good."""
         index = self.half.place(session, self.view)
-        if not 0 <= index < self.view.replica_count:
-            raise RuntimeError(
-                f"policy {self.policy_name!r} placed session {session.session_id!r} on "
-                f"replica {index!r}; there are {self.view.replica_count}"
-            )
+        self._check_replica(index, session.session_id)
         self.placed[session.session_id] = index
         self._on[index] += 1
+
+    def _move_if_asked(self, meta: CallMeta) -> None:
+        """Ask the policy whether this call of a placed session goes to another replica
+        (``moves``); if so, say so on the stream (``session_move``: the gateway tells
+        the replica left that the session ended there)."""
+        current = self.placed.get(meta.session_id)
+        if current is None:
+            return
+        calling = CallingSession(
+            meta.session_id, meta.agent or "", self.view.now, meta.prompt_tokens
+        )
+        index = self.half.moves(calling, current, self.view)
+        if index is None or index == current:
+            return
+        self._check_replica(index, meta.session_id)
+        self.placed[meta.session_id] = index
+        self._on[current] -= 1
+        self._on[index] += 1
+        move = SessionMove(
+            session_id=meta.session_id, from_replica=current, to_replica=index, source="gateway"
+        )
+        self.publish([move])
+
+    def _check_replica(self, index: int, session_id: str) -> None:
+        if not 0 <= index < self.view.replica_count:
+            raise RuntimeError(
+                f"policy {self.policy_name!r} placed session {session_id!r} on "
+                f"replica {index!r}; there are {self.view.replica_count}"
+            )
 
     def _expire_quiet(self) -> None:
         now = self._clock()

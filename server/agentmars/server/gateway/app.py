@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
-from agentmars.sdk.events import MAX_COUNT, AnyEvent, SessionEnd
+from agentmars.sdk.events import MAX_COUNT, AnyEvent, SessionEnd, SessionMove
 from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard, guarded_server
 from agentmars.sdk.integrations.request import TOOL_PRIORITY_HEADER
 from agentmars.sdk.sinks.otel import tracer_provider_from_env
@@ -170,13 +170,17 @@ class Gateway:
 
     def forward(self, events: Sequence[AnyEvent]) -> None:
         """Send events to the plugins: a placed session's to its replica's (but its
-        end, which every replica that heard of it must learn), the others to all."""
+        end, which every replica that heard of it must learn), the others to all; a
+        move, as the session's end, to the replica it left."""
         if len(self.links) == 1:
             if self.links[0] is not None:
                 self.links[0].forward(events)
             return
         routed: list[list[AnyEvent]] = [[] for _ in self.links]
         for event in events:
+            if isinstance(event, SessionMove):
+                routed[event.from_replica].append(_ended_by_move(event))
+                continue
             index = self.admission.placed.get(getattr(event, "session_id", ""))
             for i, batch in enumerate(routed):
                 if index is None or i == index or isinstance(event, SessionEnd):
@@ -184,6 +188,13 @@ class Gateway:
         for link, batch in zip(self.links, routed, strict=True):
             if link is not None and batch:
                 link.forward(batch)
+
+
+def _ended_by_move(move: SessionMove) -> SessionEnd:
+    """What the replica a session left hears: that it ended there (its pins, CPU-tier
+    copies and the policy's state of it dropped)."""
+    error = f"moved to replica {move.to_replica}"
+    return SessionEnd(session_id=move.session_id, error=error, source="gateway")
 
 
 def _build_gateway(config: GatewayConfig, hub: EventHub, policy: Policy | None) -> Gateway:

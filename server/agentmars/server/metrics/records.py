@@ -70,6 +70,8 @@ class SessionRecord:
     task_id: str | None = None
     """The agent instance the session belongs to (seed 004: the branch sessions of one
     task-parallel agent share it; None: the session is its own instance)."""
+    moves: int = 0
+    """Times it moved to another engine replica (``session_move``: seed 003's churn)."""
 
     @property
     def latency_s(self) -> float:

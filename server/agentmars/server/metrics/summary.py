@@ -169,6 +169,11 @@ class RunSummary(BaseModel):
     of clients that restart at once); None when all sessions arrived at once."""
     loaded_calls_per_s: float | None = None
     """Calls (agent steps) that ended in the same span, per second."""
+    moved_sessions: float = 0.0
+    """Share of the sessions that moved to another engine replica at least once
+    (seed 003 §6.2.2's program churn)."""
+    moves_per_session: float = 0.0
+    """Replica moves per session (seed 003's switches per program)."""
     kv: KVSummary
     cpu: CPUSummary
     fairness: FairnessSummary | None
@@ -227,6 +232,7 @@ def summarize(
         output_tokens_per_s=window.rate(sum(c.output_tokens for c in calls)) if window else None,
         steps_per_s=window.rate(run.steps) if window else None,
         **_loaded_rates(run, calls),
+        **_churn(run),
         kv=_kv_summary(run, calls, window, progress_bins),
         cpu=_cpu_summary(run, window),
         fairness=_fairness(run, fair_reference) if fair_reference is not None else None,
@@ -246,6 +252,18 @@ def _loaded_rates(run: RunRecord, calls: Sequence[CallRecord]) -> dict[str, floa
     return {
         "loaded_output_tokens_per_s": sum(call.output_tokens for call in ended) / span,
         "loaded_calls_per_s": len(ended) / span,
+    }
+
+
+def _churn(run: RunRecord) -> dict[str, float]:
+    """``moved_sessions`` and ``moves_per_session``."""
+    if not run.sessions:
+        return {"moved_sessions": 0.0, "moves_per_session": 0.0}
+    moved = sum(session.moves > 0 for session in run.sessions)
+    moves = sum(session.moves for session in run.sessions)
+    return {
+        "moved_sessions": moved / len(run.sessions),
+        "moves_per_session": moves / len(run.sessions),
     }
 
 

@@ -75,6 +75,9 @@ class SessionAction:
 
     kind: Literal["unpin", "offload", "pause", "resume"]
     session_id: str
+    reason: str = ""
+    """For ``pause``: why, as the ``session_pause`` event says it (the admission half
+    of the same policy may read it)."""
     blocks: int | None = None
     """For ``offload``: swap out only the pin's last ``blocks`` blocks, the rest staying
     pinned for a later step (InferCept's swap within a per-step budget); None: the whole
@@ -114,10 +117,19 @@ class AdmissionHalf(_Half):
 
     def place(self, session: SessionView, view: AdmissionView) -> int:
         """The engine replica (an index of ``view.replicas``) that serves a session just
-        admitted, for its whole life: its KV lives there (session affinity). Asked only
-        behind several replicas. The default: the replica with the fewest sessions, the
-        first among equals."""
+        admitted, for its whole life unless ``moves`` moves it: its KV lives there
+        (session affinity). Asked only behind several replicas. The default: the
+        replica with the fewest sessions, the first among equals."""
         return min(view.replicas, key=lambda replica: (replica.sessions, replica.index)).index
+
+    def moves(self, session: SessionView, current: int, view: AdmissionView) -> int | None:
+        """Asked when a call of a placed session reaches the host, behind several
+        replicas (``session.prompt_tokens``: that call's prompt): a replica to move the
+        session to before the call goes on, or None to keep it on ``current``. The
+        host then publishes ``session_move``, and the replica left forgets the session
+        as if it had ended there (its pins and CPU-tier copies are dropped: move only a
+        session with nothing to lose there). The default: never (affinity)."""
+        return None
 
     def tool_priority(self, session_id: str) -> int:
         """Where the session's queued tool calls go in the sandbox pool's queue (lower

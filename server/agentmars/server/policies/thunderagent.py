@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from agentmars.sdk.events import (
     AnyEvent,
     SessionEnd,
+    SessionMove,
     SessionPause,
     SessionResume,
     ToolEnd,
@@ -86,8 +87,18 @@ class ThunderAgentAdmission(AdmissionHalf):
         self._unstarted.observe(event)
         if isinstance(event, SessionPause):
             self._paused.add(event.session_id)
-        elif isinstance(event, SessionResume | SessionEnd):
+        elif isinstance(event, SessionResume | SessionEnd | SessionMove):
             self._paused.discard(event.session_id)
+
+    def room(self, view: AdmissionView) -> dict[int, int]:
+        """Each replica's room in tokens: its free KV less the prompts placed there that
+        have not started (replicas that have sent no KV figures left out)."""
+        return {
+            replica.index: replica.kv.free_blocks * view.block_size
+            - self._unstarted.on(replica.index)
+            for replica in view.replicas
+            if replica.kv is not None
+        }
 
     def holds_new(self) -> bool:
         """New programs wait (ThunderAgent: while any program is paused)."""
@@ -105,12 +116,7 @@ class ThunderAgentAdmission(AdmissionHalf):
         replicas = view.replicas
         if self.holds_new() or any(replica.kv is None for replica in replicas):
             return ()
-        room = {
-            replica.index: replica.kv.free_blocks * view.block_size
-            - self._unstarted.on(replica.index)
-            for replica in replicas
-            if replica.kv is not None
-        }
+        room = self.room(view)
         largest = max(
             replica.kv.total_blocks * view.block_size
             for replica in replicas

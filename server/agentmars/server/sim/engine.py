@@ -48,6 +48,7 @@ from agentmars.sdk.events import (
     LLMFirstToken,
     LLMSubmit,
     SessionEnd,
+    SessionMove,
     SessionStart,
     ToolEnd,
     ToolEnqueue,
@@ -366,15 +367,49 @@ class SimEngine:
         replica = self.replicas[0]
         if len(self.replicas) > 1:
             index = self.admission.place(session, self.admission_view)
-            if not 0 <= index < len(self.replicas):
-                raise SimError(
-                    f"policy {self.policy.name!r} placed session {session.session_id!r} on "
-                    f"replica {index!r}; there are {len(self.replicas)}"
-                )
+            self._check_replica(index, session)
             replica = self.replicas[index]
         replica.kv.register(session)
         replica.sessions += 1
         self._placed[session.session_id] = replica
+
+    def _move_if_asked(self, session: Session) -> None:
+        """Ask the admission half whether the session's next call goes to another
+        replica (``moves``); if so the replica it leaves forgets it as if it had ended
+        there (its engine half hears a ``session_end``, its pin and CPU-tier copies go),
+        and the stream gets a ``session_move``."""
+        old = self._placed[session.session_id]
+        index = self.admission.moves(session, old.index, self.admission_view)
+        if index is None or index == old.index:
+            return
+        self._check_replica(index, session)
+        new = self.replicas[index]
+        session_id = session.session_id
+        left = SessionEnd(
+            session_id=session_id, error=f"moved to replica {index}", turns=session.turn,
+            **self.stamp(),
+        )  # fmt: skip
+        old.engine_half.on_event(left)
+        old.kv.unpin(session_id, "session_end")
+        old.kv.release_swapped(session_id)
+        old.sessions -= 1
+        new.kv.register(session)
+        new.sessions += 1
+        self._placed[session_id] = new
+        # Its gate was the replica it left (nothing of it is held: one call at a time).
+        session.paused = False
+        session.record.moves += 1
+        move = SessionMove(
+            session_id=session_id, from_replica=old.index, to_replica=index, **self.stamp()
+        )
+        self.emit(move)
+
+    def _check_replica(self, index: int, session: Session) -> None:
+        if not 0 <= index < len(self.replicas):
+            raise SimError(
+                f"policy {self.policy.name!r} placed session {session.session_id!r} on "
+                f"replica {index!r}; there are {len(self.replicas)}"
+            )
 
     def _send_call(self, session: Session) -> None:
         spec = session.spec
@@ -394,6 +429,8 @@ class SimEngine:
                 session.turn, self.now, self.now, self.now, spec.prompt_tokens(session.turn), 0
             ),
         )
+        if len(self.replicas) > 1 and session.turn > 0:
+            self._move_if_asked(session)
         self._announce(call)
         if session.paused:
             # Held as the real engine holds it: the gateway has seen the call (its

@@ -252,7 +252,10 @@ class KVEngineView:
                 self.drop_pin(session, offload=action.kind == "offload", blocks=action.blocks)
             elif action.kind == "pause":
                 self._pause(session)
-                self.announce(SessionPause(session_id=session.session_id, **self.stamp()))
+                pause = SessionPause(
+                    session_id=session.session_id, reason=action.reason, **self.stamp()
+                )
+                self.announce(pause)
             elif action.kind == "resume":
                 session.paused = False
                 held, session.held = session.held, []

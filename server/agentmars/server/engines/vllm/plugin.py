@@ -455,7 +455,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
                 self.pin_table.release(session_id, "policy")
                 self._label(session_id, Label.INACTIVE)
             elif action.kind == "pause" and session_id not in self._paused:
-                self._pause(session_id)
+                self._pause(session_id, action.reason)
             elif action.kind == "resume" and session_id in self._paused:
                 self._resume(session_id)
 
@@ -481,7 +481,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         else:
             self.pin_table.release(session_id, "policy")
 
-    def _pause(self, session_id: str) -> None:
+    def _pause(self, session_id: str, reason: str) -> None:
         self.pin_table.release(session_id, "paused")
         if self.cpu_tier is not None and self.cpu_tier.label_of(session_id) is not Label.IDLE:
             # An offloaded session paused (MORI's gate) keeps its copy: still idle.
@@ -496,7 +496,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         if waiting:
             self.waiting.remove_requests(waiting)
         self._paused.hold(session_id, [*running, *waiting])
-        self._publish(SessionPause(session_id=session_id, source="engine"))
+        self._publish(SessionPause(session_id=session_id, source="engine", reason=reason))
 
     def _resume(self, session_id: str) -> None:
         self._label(session_id, Label.BUSY)

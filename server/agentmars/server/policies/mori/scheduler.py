@@ -137,7 +137,7 @@ class MoriEngine(EngineHalf):
             demoted = program.tier is not Tier.GPU and not program.gated
             if demoted and not program.idleness.reasoning:
                 program.gated = True
-                actions.append(SessionAction("pause", session_id))
+                actions.append(SessionAction("pause", session_id, program.tier.pause_reason))
         return actions
 
     def _rebalance(self, view: EngineView) -> list[SessionAction]:
@@ -194,7 +194,7 @@ class MoriEngine(EngineHalf):
             program.tier, program.gated = move.to, True
             if move.to is Tier.CPU:
                 actions.append(SessionAction("offload", move.session_id))
-            actions.append(SessionAction("pause", move.session_id))
+            actions.append(SessionAction("pause", move.session_id, move.to.pause_reason))
         return actions
 
     def _cpu_free_blocks(self, view: EngineView) -> int:

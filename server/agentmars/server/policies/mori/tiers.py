@@ -17,7 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from agentmars.sdk.events import AnyEvent, LLMSubmit, SessionEnd, SessionPause, SessionResume
+from agentmars.sdk.events import (
+    AnyEvent,
+    LLMSubmit,
+    SessionEnd,
+    SessionMove,
+    SessionPause,
+    SessionResume,
+)
 from agentmars.server.policies.mori.idleness import Idleness
 
 
@@ -25,6 +32,13 @@ class Tier(StrEnum):
     GPU = "gpu"
     CPU = "cpu"
     WAITING = "waiting"
+
+    @property
+    def pause_reason(self) -> str:
+        """What the ``session_pause`` of a program gated in this tier says: the
+        admission half tells a Waiting program (nothing of it left on its replica,
+        free to move) from a CPU-tier one (its KV in that replica's CPU tier)."""
+        return f"mori: {self.value} tier"
 
 
 @dataclass(slots=True)
@@ -67,7 +81,7 @@ class GatedPrograms:
     def observe(self, event: AnyEvent) -> None:
         if isinstance(event, SessionPause):
             self._gated[event.session_id] = False
-        elif isinstance(event, SessionResume | SessionEnd):
+        elif isinstance(event, SessionResume | SessionEnd | SessionMove):
             self._gated.pop(event.session_id, None)
         elif isinstance(event, LLMSubmit) and event.session_id in self._gated:
             self._gated[event.session_id] = True
