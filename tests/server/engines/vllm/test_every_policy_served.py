@@ -74,34 +74,78 @@ class Served:
         return (self.folder / "serve.err").read_text()
 
 
-@pytest.fixture
-def serve(vllm_python: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
-    """``agentmars serve`` with the policy the test is parametrized with, as a user
-    starts it; stopped with SIGTERM (it must exit 0 if it served)."""
-    name = request.node.callspec.params["name"]
+def _start(name: str, vllm_python: Path, folder: Path, core: int) -> Served:
+    """``agentmars serve`` with policy ``name``, as a user starts it, vLLM on ``core``."""
+    folder.mkdir(parents=True)
     port = free_loopback_port()
-    with (tmp_path / "serve.out").open("w") as out, (tmp_path / "serve.err").open("w") as err:
+    with (folder / "serve.out").open("w") as out, (folder / "serve.err").open("w") as err:
         process = subprocess.Popen(
             [
                 sys.executable, "-m", "agentmars.cli.main", "serve",
                 "--model", str(tiny_model_made_by(vllm_python)),
                 "--vllm-python", str(vllm_python), "--policy", name, "--profile", PROFILE,
-                "--port", str(port), "--cores", "0", "--num-blocks", "64",
-                "--max-model-len", "4096", "--log", str(tmp_path / "vllm.log"),
+                "--port", str(port), "--cores", str(core), "--num-blocks", "64",
+                "--max-model-len", "4096", "--log", str(folder / "vllm.log"),
                 # No torch.compile at start: ~10 of each start's ~38 s here.
                 "--vllm-arg=--enforce-eager",
             ],
             env={**os.environ, "AGENTMARS_GATEWAY_TOKEN": TOKEN},
             stdout=out, stderr=err, text=True, start_new_session=True,
         )  # fmt: skip
-    served = Served(process, tmp_path, port)
+    return Served(process, folder, port)
+
+
+def _stop(served: Served) -> None:
+    """SIGTERM; it must exit 0 if it served."""
+    if served.process.poll() is None:
+        served.process.send_signal(signal.SIGTERM)
+        served.process.wait(timeout=90)
+        assert served.process.returncode == 0, served.stderr()[-3000:]
+
+
+class Starts:
+    """Starts the policies' servers two at a time, one on each core, the next
+    policy's with the one asked for: a start is mostly single-threaded Python, so two
+    together take about the time of one, which halves this module's time."""
+
+    def __init__(self, vllm_python: Path, root: Path) -> None:
+        self.vllm_python = vllm_python
+        self.root = root
+        self.started: dict[str, Served] = {}
+
+    def take(self, name: str) -> Served:
+        if name not in self.started:
+            index = REGISTERED.index(name)
+            for core, other in enumerate(REGISTERED[index : index + 2]):
+                folder = self.root / other
+                self.started[other] = _start(other, self.vllm_python, folder, core)
+        return self.started.pop(name)
+
+    def stop_all(self) -> None:
+        for served in self.started.values():
+            served.process.send_signal(signal.SIGTERM)
+        for served in self.started.values():
+            served.process.wait(timeout=90)
+
+
+@pytest.fixture(scope="module")
+def starts(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Starts]:
+    pool = Starts(vllm_python, tmp_path_factory.mktemp("served"))
+    try:
+        yield pool
+    finally:
+        pool.stop_all()  # a server started ahead for a test that did not run
+
+
+@pytest.fixture
+def serve(starts: Starts, request: pytest.FixtureRequest) -> Iterator[Served]:
+    """``agentmars serve`` with the policy the test is parametrized with; stopped with
+    SIGTERM after the test."""
+    served = starts.take(request.node.callspec.params["name"])
     try:
         yield served
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=90)
-            assert process.returncode == 0, served.stderr()[-3000:]
+        _stop(served)
 
 
 def _agent(client: httpx.Client, session_id: str, vocab_size: int) -> list[int]:
