@@ -29,6 +29,18 @@ TOOLS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def fresh_litellm_clients() -> None:
+    """Each test's LiteLLM calls on new connections: LiteLLM caches its HTTP clients
+    for the process, and a keep-alive connection an earlier test left in the pool can
+    be closed by the server (its idle timeout) as this test reuses it. A full-suite
+    run once hung in such a call until pytest's timeout (300 s; the call then failed
+    with "Server disconnected without sending a response")."""
+    import litellm
+
+    litellm.in_memory_llm_clients_cache.flush_cache()
+
+
 @dataclass
 class LLMServer:
     url: str

@@ -16,6 +16,8 @@ def _kwargs(server: LLMServer | GatewayServer, **extra: object) -> dict:
         "api_key": "unused",
         "messages": [{"role": "user", "content": "hello there"}],
         "max_tokens": 5,
+        # A hang fails in a minute, not at pytest's 300 s (the server answers in ms).
+        "timeout": 60,
         **extra,
     }
 
