@@ -163,11 +163,6 @@ class Gateway:
         """The replica the session was placed on."""
         return self.upstreams[self.admission.replica_of(session_id)]
 
-    @property
-    def link(self) -> PluginLink | None:
-        """Replica 0's side channel."""
-        return self.links[0]
-
     def forward(self, events: Sequence[AnyEvent]) -> None:
         """Send events to the plugins: a placed session's to its replica's (but its
         end, which every replica that heard of it must learn), the others to all; a
