@@ -102,6 +102,7 @@ def test_listings_name_every_registered_policy_and_workload() -> None:
         "plan-execute",
         "infercept",
         "task-parallel",
+        "elephant-mice",
     ):
         assert name in workloads.stdout
 

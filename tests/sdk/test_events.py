@@ -32,6 +32,7 @@ from agentmars.sdk.events import (
     SessionPause,
     SessionResume,
     SessionStart,
+    TaskCost,
     ToolEnd,
     ToolEnqueue,
     ToolStart,
@@ -87,6 +88,7 @@ def realistic_events() -> list[Event]:
         SessionPause(session_id=SID, source="engine", reason="thrashing"),
         SessionResume(session_id=SID, source="engine"),
         SessionMove(session_id=SID, source="gateway", from_replica=0, to_replica=2),
+        TaskCost(source="gateway", task_id="mrs-00007", agent="MRS", cost=3.9e7),
         ToolEnqueue(session_id=SID, call_id="call_0", turn=0, tool="terminal", priority=-2),
         ToolStart(session_id=SID, call_id="call_0", turn=0, tool="terminal", queue_wait_s=0.004),
         ToolEnd(
@@ -142,6 +144,7 @@ def minimal_events() -> list[Event]:
         SessionPause(session_id=SID),
         SessionResume(session_id=SID),
         SessionMove(session_id=SID, from_replica=0, to_replica=1),
+        TaskCost(task_id="t", cost=0.0),
         LLMSubmit(session_id=SID, call_id=CALL),
         LLMFirstToken(session_id=SID, call_id=CALL, ttft_s=0.0),
         LLMEnd(session_id=SID, call_id=CALL),
@@ -163,7 +166,7 @@ def test_samples_cover_every_event_kind() -> None:
     # A new kind added to the schema must get a sample here to be round-trip tested.
     assert {e.kind for e in realistic_events()} == set(EVENT_KINDS)
     assert {e.kind for e in minimal_events()} == set(EVENT_KINDS)
-    assert len(EVENT_KINDS) == len(set(EVENT_KINDS)) == 16
+    assert len(EVENT_KINDS) == len(set(EVENT_KINDS)) == 17
 
 
 @pytest.mark.parametrize("event", ALL_EVENTS, ids=lambda e: e.kind)

@@ -592,6 +592,45 @@ def bench_justitia_predictor(
     run(train, test, seed, json_out)
 
 
+@bench_app.command("starvation")
+def bench_starvation(
+    mice: Annotated[
+        str, typer.Option(help="Counts of mice agents, comma-separated (one run each).")
+    ] = "10,20,40,80,160",
+    policies: Annotated[str, typer.Option(help="Policies, comma-separated.")] = "justitia,srjf",
+    profile: Annotated[str, typer.Option(help="Cost-model profile of the simulator.")] = (
+        "a100-gptj-6b"
+    ),
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the workload.")] = 1,
+    mice_per_s: Annotated[
+        float, typer.Option(min=0.001, max=1000.0, help="Mice arriving per second (paper: 1).")
+    ] = 1.0,
+    out: Annotated[Path | None, typer.Option(help="Folder for the plot.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
+) -> None:
+    """Seed 004 §5.3 (Fig. 9) on the simulator: the elephant agent's JCT as mice keep
+    arriving, per policy (SRJF starves it; Justitia bounds its delay)."""
+    from agentmars.bench.report import progress_bars
+    from agentmars.bench.starvation import run
+    from agentmars.server.policies.registry import UnknownPolicy, policy_class
+    from agentmars.server.profiles.cost_model import load_profile
+
+    try:
+        counts = sorted({int(part) for part in mice.split(",")})
+        chosen = [name.strip() for name in policies.split(",") if name.strip()]
+        for name in chosen:
+            policy_class(name)
+        load_profile(profile)
+    except (ValueError, UnknownPolicy, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if not counts or counts[0] < 1 or not chosen:
+        typer.echo("error: give mice counts >= 1 and at least one policy", err=True)
+        raise typer.Exit(2)
+    with progress_bars() as progress:
+        run(counts, chosen, profile, seed, mice_per_s, out, json_out, progress)
+
+
 @events_app.command("validate")
 def events_validate(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],

@@ -205,6 +205,21 @@ class SessionMove(SessionEvent):
     to_replica: Count
 
 
+class TaskCost(Event):
+    """An agent instance's predicted cost (seed 004 §4.2): the admission half of a
+    policy that predicts it when the instance arrives (Justitia's, in the gateway, where
+    the agent's input is read) says so for the engine half, which orders the instance's
+    calls by it."""
+
+    kind: Literal["task_cost"] = "task_cost"
+    task_id: Id
+    """The agent instance (``vllm_xargs.task_id``; a session without one is its own)."""
+    agent: Id | None = None
+    """Its agent type, as the predictor knows it."""
+    cost: Annotated[float, Field(ge=0.0, le=float(MAX_COUNT), allow_inf_nan=False)]
+    """KV token-time (seed 004 Eq. 1: KV tokens held x decode iterations held)."""
+
+
 # --- GPU plane ---------------------------------------------------------------
 
 
@@ -395,6 +410,7 @@ AnyEvent: TypeAlias = Annotated[
     | SessionPause
     | SessionResume
     | SessionMove
+    | TaskCost
     | LLMSubmit
     | LLMFirstToken
     | LLMEnd
@@ -413,7 +429,7 @@ _ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
 EVENT_KINDS: tuple[str, ...] = tuple(
     cls.model_fields["kind"].default
     for cls in (
-        SessionStart, SessionEnd, SessionPause, SessionResume, SessionMove, LLMSubmit,
+        SessionStart, SessionEnd, SessionPause, SessionResume, SessionMove, TaskCost, LLMSubmit,
         LLMFirstToken, LLMEnd, ToolEnqueue, ToolStart, ToolEnd, ToolStats,
         WindowUpdate, KVStats, KVPin, KVUnpin,
     )

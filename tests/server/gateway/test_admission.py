@@ -171,6 +171,8 @@ class RecordingAdmission(AdmissionHalf):
     def __init__(self) -> None:
         self.events: list[AnyEvent] = []
         self.shown: list[tuple[str, str, int]] = []
+        self.instances: list[tuple[str, str]] = []
+        """Each session's agent instance and the text of its prompt."""
 
     @property
     def kinds(self) -> list[str]:
@@ -181,6 +183,7 @@ class RecordingAdmission(AdmissionHalf):
 
     def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:
         self.shown += [(s.session_id, s.agent, s.prompt_tokens) for s in queue]
+        self.instances += [(s.task_id, s.prompt_text) for s in queue]
         return queue
 
 
@@ -209,6 +212,24 @@ async def test_the_policy_sees_every_event_and_the_waiting_sessions(engine: Engi
     assert policy.half.kinds == ["session_start", "llm_submit", "llm_end", "session_end"]
     # '[{"role": "user", "content": "go"}]' is 35 characters: 35 // 4 = 8 tokens
     assert policy.half.shown == [("s", "coder", 8)]
+    assert policy.half.instances == [("s", "go")]  # no task: the session is its own
+
+
+async def test_the_policy_sees_a_sessions_agent_instance_and_its_input(engine: Engine) -> None:
+    policy = Recording()
+    app = create_gateway_app(GatewayConfig(upstream_url=engine.url, token=TOKEN), policy=policy)
+    body = _chat("t1.0") | {
+        "messages": [
+            {"role": "system", "content": "Verify each claim."},
+            {"role": "user", "content": [{"type": "text", "text": "Claim 1. The sky is red."}]},
+        ],
+        "vllm_xargs": {"task_id": "t1"},
+    }
+    with serve_in_thread(app) as url:
+        async with httpx.AsyncClient(timeout=5) as client:
+            response = await client.post(f"{url}/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    assert policy.half.instances == [("t1", "Verify each claim.\nClaim 1. The sky is red.")]
 
 
 async def test_the_sdks_and_the_gateways_report_of_one_call_reach_the_policy_once(

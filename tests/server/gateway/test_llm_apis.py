@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from agentmars.server.gateway.call_meta import BadRequest, call_metadata
-from agentmars.server.gateway.llm_apis import CHAT, LLM_APIS, Messages, Responses, Usage
+from agentmars.server.gateway.llm_apis import (
+    CHAT,
+    LLM_APIS,
+    MAX_PROMPT_TEXT,
+    Messages,
+    Responses,
+    Usage,
+)
 
 RESPONSES = Responses()
 MESSAGES = Messages()
@@ -58,6 +65,30 @@ def test_the_prompt_is_projected_from_each_apis_own_fields() -> None:
     assert call_metadata({}, {}, RESPONSES).prompt_tokens == 1
     assert RESPONSES.max_tokens({"max_output_tokens": 9, "max_tokens": 5}) == 9
     assert MESSAGES.max_tokens({"max_tokens": -1}) is None
+
+
+def test_the_prompt_text_is_each_apis_message_contents_bounded() -> None:
+    chat = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Claim 1."}, {"type": "image"}]},
+            {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]},
+        ]
+    }
+    assert call_metadata({}, chat, CHAT).prompt_text == "Be brief.\nClaim 1."
+    text_completion = LLM_APIS[1]
+    assert call_metadata({}, {"prompt": "Summarise."}, text_completion).prompt_text == "Summarise."
+    responses = {"instructions": "Be brief.", "input": [{"role": "user", "content": "Hi"}]}
+    assert call_metadata({}, responses, RESPONSES).prompt_text == "Be brief.\nHi"
+    messages = {"system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]}
+    assert call_metadata({}, messages, MESSAGES).prompt_text == "Be brief.\nHi"
+    huge = {"messages": [{"role": "user", "content": "y" * 10_000}] * 10}
+    assert len(call_metadata({}, huge, CHAT).prompt_text) == MAX_PROMPT_TEXT
+    deep: dict[str, Any] = {"content": "deep"}
+    for _ in range(50):
+        deep = {"content": [deep]}
+    assert call_metadata({}, {"messages": [deep]}, CHAT).prompt_text == ""  # not walked
+    assert call_metadata({}, {"messages": 7}, CHAT).prompt_text == ""
 
 
 def test_responses_usage_and_finish_whole_and_from_stream_events() -> None:

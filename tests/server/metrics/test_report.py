@@ -146,6 +146,21 @@ def test_goodput_is_drawn_against_alpha() -> None:
     assert list(line.get_ydata()) == pytest.approx([0.0, 1 / 3, 1 / 3])
 
 
+def test_the_fair_ratios_are_drawn_as_a_cdf() -> None:
+    ax = _axes()
+    ratios = RunSummary.model_validate(
+        _summary("mars", 3.0).to_dict()
+        | {"fairness": {"by_agent": {}, "mean": 1, "max": 2, "at_most_1": 0.5, "ratios": [0.5, 2]}}
+    )
+    report._draw_fairness(ax, [RunResult(summary=ratios)], COLOURS)
+    (line,) = [line for line in ax.get_lines() if line.get_label() == "mars"]
+    assert list(line.get_xdata()) == [0.5, 2.0]
+    assert list(line.get_ydata()) == [0.5, 1.0]
+    empty = _axes()
+    report._draw_fairness(empty, [RunResult(summary=_summary("mars", 3.0))], COLOURS)
+    assert _notes(empty) == ["no VTC run to compare with"]
+
+
 def test_summary_table_has_a_row_per_run_and_the_key_metrics() -> None:
     summaries = [_summary("fcfs", 4.0, evicted=8), _summary("mars", 3.0, ideal=False)]
     table = summary_table(summaries)
@@ -191,3 +206,36 @@ def test_summary_table_has_a_row_per_run_and_the_key_metrics() -> None:
     }
     # mars was summarized without T_ideal: no slowdown, goodput or SLO attainment
     assert [mars[h] for h in headers[3:]] == ["3.00", "3.00", *["-"] * 4, "1.000", "-", "0"]
+
+
+def test_jct_columns_are_shown_when_a_run_has_agent_instances() -> None:
+    # one agent instance of two branches, 0 - 4 s and 0 - 6 s: JCT 6 s; the other run
+    # has no instances, so its JCT cells are "-"
+    branches = [session(f"t.{i}", 0, end, task_id="t") for i, end in enumerate((4.0, 6.0))]
+    summaries = [
+        summarize(run(branches, duration_s=6.0, policy="mars")),
+        _summary("fcfs", 4.0, workload="toy", ideal=False),
+    ]
+    table = summary_table(summaries)
+    headers = [str(column.header).replace("\n", " ") for column in table.columns]
+    assert headers[3:7] == ["latency mean s", "latency P95 s", "JCT mean s", "JCT P90 s"]
+    console = Console(record=True, width=200)
+    console.print(table)
+    rows = [line.split() for line in console.export_text().splitlines() if "toy" in line]
+    cells = {row[1]: dict(zip(headers, row, strict=True)) for row in rows}
+    assert (cells["mars"]["JCT mean s"], cells["mars"]["JCT P90 s"]) == ("6.00", "6.00")
+    assert (cells["mars"]["latency mean s"], cells["mars"]["latency P95 s"]) == ("5.00", "5.90")
+    assert (cells["fcfs"]["JCT mean s"], cells["fcfs"]["JCT P90 s"]) == ("-", "-")
+
+
+def test_jct_against_load_is_drawn_when_runs_have_agent_instances(tmp_path: Path) -> None:
+    branches = [session(f"t.{i}", 0, end, task_id="t") for i, end in enumerate((4.0, 6.0))]
+    with_jct = RunResult(rate=0.1, summary=summarize(run(branches, duration_s=6.0)))
+    files = write_report([with_jct], tmp_path / "a")
+    assert tmp_path / "a" / "jct_vs_load.png" in files
+    assert "jct_vs_load.png" in (tmp_path / "a" / "index.html").read_text()
+    ax = _axes()
+    report._draw_latency_vs_load(ax, [with_jct], {"fcfs": "C0"}, report.JCT)
+    mean, p90 = ax.get_lines()
+    assert (list(mean.get_ydata()), list(p90.get_ydata())) == ([6.0], [6.0])
+    assert not any(p.name == "jct_vs_load.png" for p in write_report(_sweep(), tmp_path / "b"))

@@ -153,6 +153,7 @@ def test_finish_time_fair_ratio_against_vtc() -> None:
     assert fairness.mean == pytest.approx((0.5 + 1.25 + 1.5) / 3)
     assert fairness.max == 1.5
     assert fairness.at_most_1 == pytest.approx(1 / 3)
+    assert fairness.ratios == pytest.approx([0.5, 1.25, 1.5])  # Fig. 8's CDF, ascending
 
 
 # --- fairness per agent instance ---------------------------------------------------
@@ -202,6 +203,41 @@ def test_without_references_the_relative_metrics_are_absent() -> None:
     assert summary.slo_attainment is None and summary.slo_attainment_calls is None
     assert summary.fairness is None
     assert summary.slo_factor == DEFAULT_SLO_FACTOR
+
+
+# --- job completion time per agent instance -----------------------------------------
+# instance  sessions        arrival-end          JCT
+# j         j.0, j.1        3 - 9, 4 - 15        15 - 3 = 12
+# k         k               6 - 10               4
+# (m        m.0, m.1        m.1 unfinished       left out)
+
+
+def _jobs(*, cut: bool = False) -> RunRecord:
+    sessions = [
+        session("j.0", 3, 9, task_id="j"),
+        session("j.1", 4, 15, task_id="j"),
+        session("k", 6, 10),
+    ]
+    if not cut:
+        return run(sessions, 15)
+    return run([*sessions, session("m.0", 1, 5, task_id="m")], 15, unfinished=["m.1"])
+
+
+def test_jct_runs_from_an_instance_s_first_arrival_to_its_last_end() -> None:
+    # JCTs 12 and 4: mean 8, P50 8, P90 at position 0.9 = 4 + 0.9 x 8
+    expected = {"n": 2, "mean": 8, "p50": 8, "p90": 11.2, "p95": 11.6, "p99": 11.92}
+    jct = summarize(_jobs()).jct_s
+    assert jct is not None and jct.model_dump() == pytest.approx(expected)
+    # m.1 did not finish: m has no completion time and is left out
+    jct = summarize(_jobs(cut=True)).jct_s
+    assert jct is not None and jct.model_dump() == pytest.approx(expected)
+    summary = summarize(_jobs())
+    assert RunSummary.model_validate(json.loads(json.dumps(summary.to_dict()))) == summary
+
+
+def test_without_agent_instances_there_is_no_jct() -> None:
+    # every session its own job: its JCT is its latency, already in latency_s
+    assert summarize(_three_sessions()).jct_s is None
 
 
 # --- KV ----------------------------------------------------------------------------

@@ -14,6 +14,8 @@ from agentmars.server.policies.continuum import Continuum, ContinuumDynamic
 from agentmars.server.policies.fcfs import FCFS
 from agentmars.server.policies.infercept import InferCept
 from agentmars.server.policies.interface import AdmissionHalf, EngineHalf, Policy
+from agentmars.server.policies.justitia import Justitia
+from agentmars.server.policies.parrot import Parrot
 from agentmars.server.policies.registry import (
     UnknownPolicy,
     describe_policy,
@@ -22,7 +24,9 @@ from agentmars.server.policies.registry import (
     policy_names,
     register,
 )
+from agentmars.server.policies.srjf import SRJF
 from agentmars.server.policies.thunderagent import ThunderAgent, ThunderAgentOffload
+from agentmars.server.policies.vllm_sjf import VllmSJF
 from agentmars.server.policies.vtc import VTC
 
 BASELINES: dict[str, type[Policy]] = {
@@ -34,6 +38,10 @@ BASELINES: dict[str, type[Policy]] = {
     "thunderagent": ThunderAgent,
     "thunderagent-cpu": ThunderAgentOffload,
     "vtc": VTC,
+    "parrot": Parrot,
+    "vllm-sjf": VllmSJF,
+    "srjf": SRJF,
+    "justitia": Justitia,
 }
 
 

@@ -74,6 +74,13 @@ class SessionData:
     prompt_tokens: int
     arrival_s: float = 0.0
     agent: str = "agent"
+    task_id: str = ""
+    """The agent instance; empty: the session itself."""
+    prompt_text: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.task_id:
+            object.__setattr__(self, "task_id", self.session_id)
 
 
 @dataclass(frozen=True)

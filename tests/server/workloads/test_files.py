@@ -145,6 +145,10 @@ def test_blank_lines_are_skipped_and_line_numbers_kept(tmp_path: Path) -> None:
         ),
         ([{"name": "w", "sessions": []}, SESSION], r":1: the first line must be the header"),
         ([HEADER, {"session_id": "s1"}], r":2: turns: Field required"),
+        (
+            [HEADER, {**SESSION, "input_text": "x" * 65_537}],
+            r":2: input_text: String should have at most 65536 characters",
+        ),
     ],
 )
 def test_bad_files_name_the_line_and_field(tmp_path: Path, lines: list[Any], message: str) -> None:

@@ -28,6 +28,7 @@ NAMES = [
     "infercept",
     "toolbench",
     "task-parallel",
+    "elephant-mice",
 ]
 
 
@@ -113,6 +114,32 @@ def test_a_task_parallel_agent_arrives_as_one() -> None:
     assert len(by_agent) == 40  # sessions counts agents
     assert all(len(times) == 1 for times in by_agent.values())
     assert len(workload.sessions) > 40
+
+
+def test_elephant_mice_is_one_mrs_agent_then_a_mouse_every_1_over_rate_seconds() -> None:
+    # seed 004 §5.3: the elephant (MapReduce Summarization) first, then mice drawn at
+    # random from KBQAV, CC, ALFWI, "once per second" at rate 1
+    workload = build_workload("elephant-mice", sessions=60, seed=3, rate=2.0)
+    assert workload.arrival == "open"
+    instances: dict[str, list[Any]] = {}
+    for session in workload.sessions:
+        instance = session.session_id.split(".")[0]
+        assert session.task_id == instance
+        assert session.input_text  # Justitia's predictor reads it
+        instances.setdefault(instance, []).append(session)
+    assert list(instances) == [f"elephant-mice-{i:05d}" for i in range(60)]  # agents
+    for i, branches in enumerate(instances.values()):
+        assert {s.arrival_s for s in branches} == {i / 2.0}  # deterministic: i / rate
+        assert len({s.agent for s in branches}) == 1
+        assert len({s.input_text for s in branches}) == 1
+    agents = [branches[0].agent for branches in instances.values()]
+    assert agents[0] == "MRS" and len(instances["elephant-mice-00000"]) > 1
+    assert set(agents[1:]) == {"KBQAV", "CC", "ALFWI"}  # 59 draws: all three, nothing else
+    # the arrival process does not change the agents; closed loop keeps their order
+    closed = build_workload("elephant-mice", sessions=60, seed=3, concurrency=4)
+    assert [s.model_copy(update={"arrival_s": 0.0}) for s in workload.sessions] == list(
+        closed.sessions
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)

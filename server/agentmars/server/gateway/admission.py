@@ -75,6 +75,8 @@ class WaitingSession:
     agent: str
     arrival_s: float
     prompt_tokens: int
+    task_id: str
+    prompt_text: str
     admitted: asyncio.Future[None]
     calls: int = 0
     """Calls of the session waiting on ``admitted``."""
@@ -88,6 +90,8 @@ class CallingSession:
     agent: str
     arrival_s: float
     prompt_tokens: int
+    task_id: str
+    prompt_text: str
 
 
 @dataclass(slots=True)
@@ -259,8 +263,9 @@ class Admission:
             future = asyncio.get_running_loop().create_future()
             agent = self.known.pop(meta.session_id, "") or meta.agent or ""
             waiting = WaitingSession(
-                meta.session_id, agent, self.view.now, meta.prompt_tokens, future
-            )
+                meta.session_id, agent, self.view.now, meta.prompt_tokens,
+                meta.task_id or meta.session_id, meta.prompt_text, future,
+            )  # fmt: skip
             self.waiting[meta.session_id] = waiting
             self._settle(meta.session_id)
             self.admit()
@@ -317,8 +322,9 @@ class Admission:
         if current is None:
             return
         calling = CallingSession(
-            meta.session_id, meta.agent or "", self.view.now, meta.prompt_tokens
-        )
+            meta.session_id, meta.agent or "", self.view.now, meta.prompt_tokens,
+            meta.task_id or meta.session_id, meta.prompt_text,
+        )  # fmt: skip
         index = self.half.moves(calling, current, self.view)
         if index is None or index == current:
             return

@@ -60,6 +60,8 @@ class CallMeta:
     task_id: str | None = None
     """The agent instance (seed 004): the task that a fan-out agent's branch sessions
     share."""
+    prompt_text: str = ""
+    """The prompt's text, bounded (``llm_apis.MAX_PROMPT_TEXT``)."""
 
     def hints(self) -> dict[str, str | float]:
         """The optional fields the client gave, as ``vllm_xargs`` entries."""
@@ -215,4 +217,5 @@ def call_metadata(
         expected_tool_s=_seconds(xargs, "expected_tool_s"),
         agent=_name(xargs, "agent", min_length=0),
         task_id=_id(xargs, "task_id"),
+        prompt_text=api.prompt_text(body),
     )

@@ -12,7 +12,7 @@ reads as absent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -68,6 +68,30 @@ def _last(value: object) -> dict[str, Any]:
     return _dict(value[-1]) if isinstance(value, list) and value else {}
 
 
+MAX_PROMPT_TEXT = 16_384
+"""Characters of a prompt's text a policy may read (ours: an agent's input, which is
+what Justitia's predictor reads, is its first call's prompt; a prompt's tail adds
+nothing to a TF-IDF of thousands of words but per-call work in the gateway)."""
+TEXT_FIELDS = ("content", "text", "input", "prompt", "instructions", "system")
+"""Where the APIs' message objects keep their text (a tool call's arguments are not
+the agent's input)."""
+
+
+def _texts(value: object, depth: int = 0) -> Iterator[str]:
+    """The strings of a prompt field, depth first (no deeper than the APIs nest text:
+    a body nested deeper is not walked into a recursion error)."""
+    if isinstance(value, str):
+        yield value
+    elif depth >= 8:
+        return
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item, depth + 1)
+    elif isinstance(value, dict):
+        for name in TEXT_FIELDS:
+            yield from _texts(value.get(name), depth + 1)
+
+
 class LLMApi:
     """Where one API's requests and answers carry what the gateway reads. The base
     reads what the APIs share; each API overrides the rest."""
@@ -89,6 +113,19 @@ class LLMApi:
         """The SDK's projection over the prompt's fields (None: the body has none)."""
         parts = [body[name] for name in self.prompt_fields if name in body]
         return project_prompt_tokens({"messages": parts}) if parts else None
+
+    def prompt_text(self, body: Mapping[str, Any]) -> str:
+        """The prompt's text, its messages' contents joined by new lines, at most
+        ``MAX_PROMPT_TEXT`` characters: what a policy reading the agent's input sees
+        (seed 004's cost predictor)."""
+        fields = [body.get(name) for name in self.prompt_fields or (self.prompt_field,)]
+        texts, length = [], 0
+        for text in _texts(fields):
+            texts.append(text)
+            length += len(text) + 1
+            if length >= MAX_PROMPT_TEXT:
+                break
+        return "\n".join(texts)[:MAX_PROMPT_TEXT]
 
     def max_tokens(self, body: Mapping[str, Any]) -> int | None:
         return as_count(next((body[f] for f in self.max_tokens_fields if f in body), None))

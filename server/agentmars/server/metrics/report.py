@@ -86,6 +86,8 @@ def _key_columns(summaries: Sequence[RunSummary]) -> list[_Column]:
         _Column("done", lambda s: f"{s.sessions}/{s.sessions + s.unfinished}"),
         _Column("latency\nmean s", _stat(lambda s: s.latency_s, "mean"), ".2f"),
         _Column("latency\nP95 s", _stat(lambda s: s.latency_s, "p95"), ".2f"),
+        _Column("JCT\nmean s", _stat(lambda s: s.jct_s, "mean"), ".2f"),
+        _Column("JCT\nP90 s", _stat(lambda s: s.jct_s, "p90"), ".2f"),
         _Column("slowdown\nmean", _stat(lambda s: s.slowdown, "mean"), ".2f"),
         *(
             _Column(f"goodput\na={alpha:g} 1/s", partial(_goodput_at, alpha=alpha), ".4f")
@@ -142,6 +144,10 @@ def write_report(
     latency_png = out_dir / "latency_vs_load.png"
     _plot_latency_vs_load(by_workload, colours, latency_png)
     sections: list[tuple[str, list[tuple[str, Path]]]] = []
+    if any(r.summary.jct_s for r in ordered):
+        jct_png = out_dir / "jct_vs_load.png"
+        _plot_latency_vs_load(by_workload, colours, jct_png, JCT)
+        sections.append(("job completion time", [("JCT against arrival rate", jct_png)]))
     for workload, stem in _file_stems(by_workload).items():
         sections.append((workload, _plot_workload(by_workload[workload], colours, out_dir, stem)))
     index = out_dir / "index.html"
@@ -158,6 +164,8 @@ def _plot_workload(
         ("KV evictions over normalized progress", "evictions", [_draw_evictions]),
         ("Goodput against alpha", "goodput", [_draw_goodput]),
     ]
+    if any(run.summary.fairness for run in runs):
+        figures.append(("Finish-time fair ratio against VTC, CDF", "fairness", [_draw_fairness]))
     written = []
     for caption, name, drawers in figures:
         path = out_dir / f"{name}-{stem}.png"
@@ -251,30 +259,50 @@ def _note(ax: Axes, text: str) -> None:
     ax.set_yticks([])
 
 
+@dataclass(frozen=True)
+class _Measure:
+    title: str
+    read: Callable[[RunSummary], Distribution | None]
+    upper: str
+    """The upper statistic drawn dashed beside the mean."""
+
+
+LATENCY = _Measure("end-to-end latency", lambda s: s.latency_s, "p95")
+JCT = _Measure("job completion time (per agent instance)", lambda s: s.jct_s, "p90")
+
+
 def _plot_latency_vs_load(
-    by_workload: Mapping[str, list[RunResult]], colours: Mapping[str, str], path: Path
+    by_workload: Mapping[str, list[RunResult]],
+    colours: Mapping[str, str],
+    path: Path,
+    measure: _Measure = LATENCY,
 ) -> None:
-    """Seed 000 Fig. 7: one panel per workload."""
+    """Seed 000 Fig. 7 (seed 004 Fig. 7 with ``JCT``): one panel per workload."""
     figure, axes = _figure(1, len(by_workload))
     for ax, runs in zip(axes[0], by_workload.values(), strict=True):
-        _draw_latency_vs_load(ax, runs, colours)
-    _save(figure, "end-to-end latency: mean (solid), P95 (dashed)", path)
+        _draw_latency_vs_load(ax, runs, colours, measure)
+    title = f"{measure.title}: mean (solid), {measure.upper.upper()} (dashed)"
+    _save(figure, title, path)
 
 
-def _draw_latency_vs_load(ax: Axes, runs: list[RunResult], colours: Mapping[str, str]) -> None:
-    """Mean (solid) and P95 (dashed) latency against arrival rate, a colour per policy;
-    closed-loop runs have no rate and are left out."""
-    ax.set(title=runs[0].workload, xlabel="arrival rate (sessions/s)", ylabel="latency (s)")
+def _draw_latency_vs_load(
+    ax: Axes, runs: list[RunResult], colours: Mapping[str, str], measure: _Measure = LATENCY
+) -> None:
+    """Mean (solid) and an upper percentile (dashed) against arrival rate, a colour per
+    policy; closed-loop runs have no rate and are left out."""
+    ax.set(
+        title=runs[0].workload, xlabel="arrival rate (sessions/s)", ylabel=f"{measure.title} (s)"
+    )
     measured = [
-        (r.policy, r.rate, latency)
+        (r.policy, r.rate, figure)
         for r in runs
-        if r.rate is not None and (latency := r.summary.latency_s) is not None
+        if r.rate is not None and (figure := measure.read(r.summary)) is not None
     ]
     for policy, points in _group(measured, lambda point: point[0]).items():
         rates = [rate for _, rate, _ in points]
         colour = colours[policy]
         ax.plot(rates, [d.mean for _, _, d in points], "-o", color=colour, label=policy)
-        ax.plot(rates, [d.p95 for _, _, d in points], "--s", color=colour)
+        ax.plot(rates, [getattr(d, measure.upper) for _, _, d in points], "--s", color=colour)
     if not measured:
         _note(ax, "no open-loop run\nwith finished sessions")
 
@@ -319,6 +347,19 @@ def _draw_evictions(ax: Axes, runs: list[RunResult], colours: Mapping[str, str])
         ax.plot(centres, curve, "-o", markersize=3, color=colours[run.policy], label=run.policy)
     if not drawn:
         _note(ax, "no KV evictions")
+
+
+def _draw_fairness(ax: Axes, runs: list[RunResult], colours: Mapping[str, str]) -> None:
+    """Seed 004 Fig. 8: the CDF of the agent instances' finish-time fair ratios."""
+    ax.set(title="fair ratio", xlabel="JCT / JCT under VTC", ylabel="CDF of agent instances")
+    ax.set_xscale("log")
+    drawn = [(r, r.summary.fairness.ratios) for r in runs if r.summary.fairness]
+    for run, ratios in drawn:
+        cdf = [(i + 1) / len(ratios) for i in range(len(ratios))]
+        ax.step(ratios, cdf, where="post", color=colours[run.policy], label=run.policy)
+    ax.axvline(1.0, color="grey", linewidth=0.8)
+    if not drawn:
+        _note(ax, "no VTC run to compare with")
 
 
 def _draw_goodput(ax: Axes, runs: list[RunResult], colours: Mapping[str, str]) -> None:

@@ -121,6 +121,8 @@ class FairnessSummary(BaseModel):
     """The worst-case delay relative to VTC (seed 004 §5.2)."""
     at_most_1: float
     """Fraction of agent instances finishing no later than under VTC (seed 004 Fig. 8)."""
+    ratios: list[float] = []
+    """Every agent instance's ratio, ascending: the CDF of seed 004 Fig. 8."""
 
 
 class RunSummary(BaseModel):
@@ -140,6 +142,11 @@ class RunSummary(BaseModel):
     """First arrival to the end of the run; the Delta t of every rate below."""
     latency_s: Distribution | None
     """End-to-end latency: arrival to the last token of the last turn."""
+    jct_s: Distribution | None = None
+    """Seed 004's job completion time, per agent instance (``SessionRecord.instance``):
+    its first session's arrival to its last session's end, over the instances all of
+    whose sessions finished; None when no session has a ``task_id`` (every session is
+    its own job, whose JCT is its latency)."""
     slowdown: Distribution | None
     """Latency / T_ideal."""
     goodput: dict[float, float] | None
@@ -219,6 +226,7 @@ def summarize(
         unfinished=len(run.unfinished),
         window_s=window.length_s if window else None,
         latency_s=distribution(session.latency_s for session in run.sessions),
+        jct_s=_jct(run),
         slowdown=_slowdown(run, isolated),
         goodput=_goodput(run, isolated, alphas, window),
         ttft_s=distribution(call.ttft_s for call in calls),
@@ -462,6 +470,27 @@ def _fairness(run: RunRecord, reference: RunRecord) -> FairnessSummary | None:
         mean=float(np.mean(values)),
         max=max(values),
         at_most_1=sum(r <= 1.0 for r in values) / len(values),
+        ratios=sorted(values),
+    )
+
+
+def _jct(run: RunRecord) -> Distribution | None:
+    """Seed 004 §5.1's JCT ("the duration between job arrival and completion"; a job
+    is an agent instance), over the instances all of whose sessions finished."""
+    if all(session.task_id is None for session in run.sessions):
+        return None
+    # NOTE: ours — ``RunRecord.unfinished`` holds session ids only, not their agent
+    # instances; an unfinished session is taken to belong to the instance its id
+    # names, itself or before a ".": the generators name a branch
+    # ``<instance>.<branch>``. Such an instance has no completion time: left out.
+    cut: set[str] = set()
+    for session_id in run.unfinished:
+        parts = session_id.split(".")
+        cut.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return distribution(
+        _completion_s(sessions)
+        for instance, sessions in _instances(run.sessions).items()
+        if instance not in cut
     )
 
 

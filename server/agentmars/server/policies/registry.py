@@ -26,6 +26,10 @@ POLICY_MODULES = (
     "agentmars.server.policies.mars_api",
     "agentmars.server.policies.agentserve",
     "agentmars.server.policies.mori",
+    "agentmars.server.policies.justitia",
+    "agentmars.server.policies.srjf",
+    "agentmars.server.policies.parrot",
+    "agentmars.server.policies.vllm_sjf",
 )
 
 _registry: dict[str, type[Policy]] = {}

@@ -106,6 +106,16 @@ class SessionView(Protocol):
     def prompt_tokens(self) -> int:
         """The prompt of the call it would send now (projected prefill)."""
 
+    @property
+    def task_id(self) -> str:
+        """The agent instance it belongs to (``CallView.task_id``)."""
+
+    @property
+    def prompt_text(self) -> str:
+        """The text of that call's prompt as the gateway read it, at most
+        ``gateway.llm_apis.MAX_PROMPT_TEXT`` characters ("" when unknown): a session's
+        first call carries the agent's input (seed 004 §4.2)."""
+
 
 class PinView(Protocol):
     """KV blocks held for a session between its calls."""

@@ -89,6 +89,8 @@ class NewSession:
     agent: str
     arrival_s: float
     prompt_tokens: int
+    task_id: str
+    prompt_text: str
 
 
 class SessionPlacer:
@@ -126,8 +128,9 @@ class SessionPlacer:
             return placed
         view = self._view(replicas)
         session = NewSession(
-            meta.session_id, meta.agent or "", self._clock(), max(meta.prompt_tokens, 1)
-        )
+            meta.session_id, meta.agent or "", self._clock(), max(meta.prompt_tokens, 1),
+            meta.task_id or meta.session_id, meta.prompt_text,
+        )  # fmt: skip
         if not any(admitted is session for admitted in self.half.admit([session], view)):
             return None
         index = self.half.place(session, view)

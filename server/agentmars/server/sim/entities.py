@@ -39,6 +39,16 @@ class Session:
         """The prompt of the call it sends next."""
         return self.spec.prompt_tokens(self.turn)
 
+    @property
+    def task_id(self) -> str:
+        return self.spec.task_id or self.spec.session_id
+
+    @property
+    def prompt_text(self) -> str:
+        """The workload's input text of the agent on its first call (the simulator has
+        no other prompt text)."""
+        return (self.spec.input_text or "") if self.turn == 0 else ""
+
     def key(self, index: int) -> int:
         """The block key of its context's block ``index``."""
         if index < self.shared_blocks:

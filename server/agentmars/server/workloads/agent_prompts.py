@@ -1,11 +1,15 @@
-"""Input prompts of seed 004's task-parallel agents, with each agent's true cost: the
-training and test data of Justitia's per-agent-type cost predictor (§4.2).
+"""Seed 004's task-parallel agents with their input prompts: the agents of the
+``task-parallel`` and ``elephant-mice`` workloads, and the training and test data of
+Justitia's per-agent-type cost predictor (§4.2), all drawn by ``draw_agent``.
 
-A sample is ``(agent class, the agent's input text, its KV token-time)``. The agent
-is drawn exactly as the workload draws it (``task_parallel.agent_sessions``: the
-class's fan-out, stages and token sizes), its cost is the sum of its inferences'
-``p*d + d^2/2`` (§4.1, ``policies.justitia.cost``), and the text is then written
-from the draw, so that what the input names is what the agent will do:
+``draw_agent`` draws an agent's detail instruction (``DETAIL``), then its sessions
+(``task_parallel.agent_sessions``: the class's fan-out, stages and token sizes, the
+outputs scaled by the instruction's factor), then writes its input text from the
+draw; every session of the agent carries the text as ``SessionSpec.input_text``. A
+predictor sample is ``(agent class, the agent's input text, its KV token-time)``:
+the cost is the sum of the agent's inferences' ``p*d + d^2/2`` (§4.1,
+``policies.justitia.cost``), and as the text is written from the draw, what the
+input names is what the agent will do:
 
 - one numbered item per branch where the branches are items of the input (the
   claims of EV, FV, CC, the questions of KBQAV, the sections of MRS), each as long
@@ -42,6 +46,7 @@ from agentmars.server.workloads.model import SessionSpec
 from agentmars.server.workloads.task_parallel import (
     AGENT_CLASSES,
     QWEN25_32B_CONTEXT,
+    SIZE_SHARES,
     AgentClass,
     agent_sessions,
 )
@@ -142,15 +147,69 @@ def sample_mix(per_type: int, seed: int) -> list[AgentSample]:
 
 
 def draw_sample(agent: AgentClass, rng: np.random.Generator) -> AgentSample:
+    """One agent of class ``agent`` as the workloads draw it, with its input and cost."""
+    sessions = draw_agent(agent, rng, agent.name, QWEN25_32B_CONTEXT)
+    return AgentSample(agent.name, sessions[0].input_text or "", sessions_cost(sessions))
+
+
+def draw_agent(
+    agent: AgentClass, rng: np.random.Generator, instance: str, max_context: int
+) -> list[SessionSpec]:
+    """One agent of class ``agent``: its branches' sessions (named
+    ``<instance>.<branch>``, ``agent`` the class's name), each with the agent's input
+    text. The detail instruction is drawn first, then the sessions, then the text."""
     detail = str(rng.choice(list(DETAIL)))
     factor = DETAIL[detail]
     sized = dataclasses.replace(
         agent, output=agent.output * factor, reduce_output=agent.reduce_output * factor
     )
-    sessions = agent_sessions(sized, rng, agent.name, QWEN25_32B_CONTEXT)
+    sessions = agent_sessions(sized, rng, instance, max_context)
     header, body = RENDERERS[agent.name](agent, sessions, rng)
     prompt = "\n".join(part for part in (header, detail, body) if part)
-    return AgentSample(agent.name, prompt, sessions_cost(sessions))
+    return [session.model_copy(update={"input_text": prompt}) for session in sessions]
+
+
+def task_parallel_agents(
+    rng: np.random.Generator, count: int, max_context: int, prefix: str
+) -> list[list[SessionSpec]]:
+    """The ``task-parallel`` workload (seed 004 §5.1): ``count`` agents of the size mix
+    (``task_parallel.SIZE_SHARES``, a class uniformly within its size), each the list
+    of its branches' sessions, instances ``<prefix>-00000``, ``<prefix>-00001``, ..."""
+    sizes = rng.choice(list(SIZE_SHARES), count, p=list(SIZE_SHARES.values())).tolist()
+    agents = []
+    for i, size in enumerate(sizes):
+        members = [c for c in AGENT_CLASSES if c.size == size]
+        agent = members[int(rng.integers(len(members)))]
+        agents.append(draw_agent(agent, rng, f"{prefix}-{i:05d}", max_context))
+    return agents
+
+
+ELEPHANT = "MRS"
+MICE = ("KBQAV", "CC", "ALFWI")
+"""Seed 004 §5.3's starvation experiment: one large "elephant" agent (MapReduce
+Summarization), then "mice" drawn at random from these small classes."""
+
+
+def elephant_mice_agents(
+    rng: np.random.Generator, count: int, max_context: int, prefix: str
+) -> list[list[SessionSpec]]:
+    """The ``elephant-mice`` workload (seed 004 §5.3): agent 0 is an MRS agent, the
+    other ``count - 1`` are each drawn uniformly from ``MICE``; instances named as in
+    ``task_parallel_agents``. Their arrivals are ``elephant_mice_times``. Each agent is
+    drawn whole before the next, so a workload with more mice has the same elephant
+    and begins with the same mice (Fig. 9 compares counts of mice)."""
+    by_name = {agent.name: agent for agent in AGENT_CLASSES}
+    agents = [draw_agent(by_name[ELEPHANT], rng, f"{prefix}-00000", max_context)]
+    for i in range(1, count):
+        mouse = by_name[MICE[int(rng.integers(len(MICE)))]]
+        agents.append(draw_agent(mouse, rng, f"{prefix}-{i:05d}", max_context))
+    return agents
+
+
+def elephant_mice_times(rng: np.random.Generator, rate: float, count: int) -> list[float]:
+    """The elephant at 0 and mouse ``i`` at ``i / rate`` (seed 004 §5.3: "once per
+    second" is ``rate`` 1); deterministic, ``rng`` unused."""
+    return [i / rate for i in range(count)]
 
 
 def sessions_cost(sessions: Sequence[SessionSpec]) -> float:

@@ -23,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Tokens = Annotated[int, Field(ge=0)]
 Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1, max_length=256)]
+INPUT_TEXT_MAX_CHARS = 65_536
+"""Bound on ``SessionSpec.input_text`` (ours: far above the generated inputs, a few
+hundred words, so only a malformed file hits it)."""
 
 
 class _Frozen(BaseModel):
@@ -73,6 +76,10 @@ class SessionSpec(_Frozen):
     task_id: Name | None = None
     """The agent instance the session belongs to (seed 004: the branches of one
     task-parallel agent share it; None: the session is its own instance)."""
+    input_text: Annotated[str, Field(max_length=INPUT_TEXT_MAX_CHARS)] | None = None
+    """The agent instance's input as its user gives it (seed 004: Justitia's cost
+    predictor reads it); the branches of one instance carry the same text. None: the
+    workload has no text."""
     turns: Annotated[tuple[TurnSpec, ...], Field(min_length=1)]
 
     @model_validator(mode="after")

@@ -20,6 +20,11 @@ from agentmars.server.workloads.agent_loops import (
     REACT,
     loop_sessions,
 )
+from agentmars.server.workloads.agent_prompts import (
+    elephant_mice_agents,
+    elephant_mice_times,
+    task_parallel_agents,
+)
 from agentmars.server.workloads.api_calls import (
     LLAMA3_70B_CONTEXT,
     infercept_sessions,
@@ -39,13 +44,15 @@ from agentmars.server.workloads.ilr import (
 )
 from agentmars.server.workloads.model import SessionSpec, Workload
 from agentmars.server.workloads.programs import BFCL, LLAMA_31_CONTEXT, SWE_BENCH, program_sessions
-from agentmars.server.workloads.task_parallel import QWEN25_32B_CONTEXT, task_parallel_agents
+from agentmars.server.workloads.task_parallel import QWEN25_32B_CONTEXT
 
 Units = list[list[SessionSpec]]
 """Sessions grouped by what arrives together (one session, or one agent's branches)."""
 Generate = Callable[[np.random.Generator, int, int, str], Units]
 """(rng, count, max_context, name prefix) -> ``count`` arrival units."""
 Sessions = Callable[[np.random.Generator, int, int, str], list[SessionSpec]]
+Arrivals = Callable[[np.random.Generator, float, int], list[float]]
+"""(rng, rate, count) -> the arrival times of ``count`` units, open loop."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,8 @@ class Family:
     max_context: int
     """The context limit of the model the workload was published with."""
     generate: Generate
+    arrivals: Arrivals = poisson_times
+    """The open-loop arrival process (default: Poisson at ``rate`` per second)."""
 
 
 def one_per_unit(sessions: Sessions) -> Generate:
@@ -158,6 +167,14 @@ def _families() -> dict[str, Family]:
             QWEN25_32B_CONTEXT,
             task_parallel_agents,
         ),
+        Family(
+            "elephant-mice",
+            "seed 004 §5.3 starvation test: one MRS elephant agent at t=0, then a mouse agent "
+            "(KBQAV, CC or ALFWI) every 1/rate s",
+            QWEN25_32B_CONTEXT,
+            elephant_mice_agents,
+            arrivals=elephant_mice_times,
+        ),
     ]
     return {family.name: family for family in families}
 
@@ -191,9 +208,11 @@ def build_workload(
     concurrency: int | None = None,
     max_context: int | None = None,
 ) -> Workload:
-    """``sessions`` sessions (agents, for task-parallel) of the workload ``name``.
+    """``sessions`` sessions (agents, for task-parallel and elephant-mice) of the
+    workload ``name``.
 
-    Exactly one of ``rate`` (open loop: Poisson arrivals, sessions per second) and
+    Exactly one of ``rate`` (open loop: arrivals per second, Poisson except for
+    elephant-mice's evenly spaced mice, ``Family.arrivals``) and
     ``concurrency`` (closed loop: that many sessions at once). ``max_context`` caps
     every call's prompt plus output (a model's context limit); default: the limit of
     the model the workload was published with. The same seed gives the same
@@ -203,7 +222,7 @@ def build_workload(
     content_rng, arrival_rng = np.random.default_rng(seed).spawn(2)
     units = chosen.generate(content_rng, sessions, max_context or chosen.max_context, name)
     if rate is not None:
-        times = poisson_times(arrival_rng, rate, len(units))
+        times = chosen.arrivals(arrival_rng, rate, len(units))
         return Workload(name=name, seed=seed, sessions=tuple(arrive_together(units, times)))
     return Workload(
         name=name,

@@ -18,6 +18,14 @@ input, e.g. the question of SC or the documents of DM, is the shared prefix), an
 are named ``<instance>.<branch>``. ``sessions`` in ``build_workload`` counts
 agents, not branches.
 
+This module holds the classes and how one agent of a class becomes sessions
+(``agent_sessions``); the workloads' generators (``task_parallel_agents`` for
+``task-parallel``, ``elephant_mice_agents`` for seed 004 §5.3's ``elephant-mice``)
+are in ``agent_prompts``, which draws every agent as it draws the cost predictor's
+training samples (``agent_prompts.draw_agent``): a detail instruction first, which
+scales the class's output sizes (``agent_prompts.DETAIL``), then the sessions, then
+the agent's input text, carried by each of its sessions as ``input_text``.
+
 NOTE: the workload model has no dependencies between sessions, so an aggregation
 step (MRS's reduce) is the last turn of branch 0 and may run before the other
 branches finish. Branch counts and token sizes are ours, chosen so that the
@@ -29,12 +37,14 @@ of 360-380 tokens (Appendix A), is kept. The context cap is 32,768 tokens
 ======  =========  ==========================  ===================================
 size    published  generated (20,000 agents)   mean KV token-time per agent (ours)
 ======  =========  ==========================  ===================================
-small   72%        72.4%                       0.40M
-medium  26%        25.6%                       4.0M
-large   2%         2.0%                        39M
+small   72%        72.4%                       0.46M
+medium  26%        25.6%                       4.8M
+large   2%         2.0%                        46M
 ======  =========  ==========================  ===================================
 
-(seed 0; the command is in docs/workloads.md.)
+(seed 0; the command is in docs/workloads.md. The detail instructions' output
+factors have a geometric mean of 1 but an arithmetic mean of 1.09, and the cost
+grows faster than the output: drawn without them the means were 0.40M, 4.0M, 39M.)
 """
 
 from __future__ import annotations
@@ -54,6 +64,11 @@ from agentmars.server.workloads.tool_kinds import tool_call
 
 QWEN25_32B_CONTEXT = 32_768
 SIZE_SHARES = {"small": 0.72, "medium": 0.26, "large": 0.02}
+DENSITY_RATES = {1: 300 / 1080, 2: 300 / 540, 3: 300 / 360}
+"""Workload density -> agents per second (the ``rate`` of ``task-parallel``): seed
+004 §5.1 submits its 300 agents within 18, 9 and 6 minutes for 1x, 2x and 3x.
+NOTE: ours — the arrivals are Poisson at that rate; the paper replays the arrival
+times of Mooncake's production traces, which are not here."""
 TOKEN_SIGMA = 0.4
 
 
@@ -116,19 +131,6 @@ AGENT_CLASSES = (
         "MRS", "large", (30, 10), (1, 0), prompt=2_500, shared=0.05, output=250, reduce_output=600
     ),
 )
-
-
-def task_parallel_agents(
-    rng: np.random.Generator, count: int, max_context: int, prefix: str
-) -> list[list[SessionSpec]]:
-    """``count`` agents, each the list of its branches' sessions."""
-    sizes = rng.choice(list(SIZE_SHARES), count, p=list(SIZE_SHARES.values())).tolist()
-    agents = []
-    for i, size in enumerate(sizes):
-        members = [c for c in AGENT_CLASSES if c.size == size]
-        agent = members[int(rng.integers(len(members)))]
-        agents.append(agent_sessions(agent, rng, f"{prefix}-{i:05d}", max_context))
-    return agents
 
 
 @dataclass

@@ -109,6 +109,11 @@ class CostPredictor:
         self._models: dict[str, TransformedTargetRegressor] = {}
 
     @property
+    def types(self) -> tuple[str, ...]:
+        """The agent types seen (with or without a model)."""
+        return tuple(self._samples)
+
+    @property
     def fitted_types(self) -> tuple[str, ...]:
         """The agent types that have a model."""
         return tuple(self._models)
@@ -136,7 +141,7 @@ class CostPredictor:
             check_prompt(prompt)
         model = self._models.get(check_type(agent_type))
         if model is None:
-            return np.full(len(prompts), self._prior(agent_type))
+            return np.full(len(prompts), self.typical(agent_type))
         predicted: Floats = model.predict(list(prompts))
         return predicted
 
@@ -155,8 +160,9 @@ class CostPredictor:
         self._models[agent_type] = model.fit(list(prompts), np.array(costs))
         self._unfitted[agent_type] = 0
 
-    def _prior(self, agent_type: str) -> float:
-        """Geometric mean of the type's costs seen, else of all costs seen."""
+    def typical(self, agent_type: str) -> float:
+        """The prediction without an input: the geometric mean of the type's costs seen,
+        else of all costs seen."""
         own = self._samples.get(agent_type)
         costs = [cost for _, cost in own] if own else self._all_costs()
         if not costs:

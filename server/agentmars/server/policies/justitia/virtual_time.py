@@ -114,6 +114,10 @@ class VirtualClock:
         self.advance(now)
         self.capacity = _checked_capacity(capacity)
 
+    def knows(self, agent_id: Hashable) -> bool:
+        """Whether the agent arrived and was not forgotten."""
+        return agent_id in self._tags
+
     def finish_tag(self, agent_id: Hashable) -> float:
         return self._tags[agent_id].finish
 
