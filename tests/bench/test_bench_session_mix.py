@@ -69,6 +69,12 @@ def test_the_mix_fits_the_tiny_model_and_ends_sessions_without_a_tool() -> None:
         assert all(FIRST_PLAIN_TOKEN <= i < TINY_VOCAB for i in ids)
 
 
+def test_a_workload_whose_sessions_wait_for_others_is_refused() -> None:
+    # 300 task-parallel agents hold MRS agents, whose reduce waits for their maps.
+    with pytest.raises(SessionMixError, match="wait for others"):
+        build_mix(MixShape(workload="task-parallel", sessions=300))
+
+
 def test_the_mix_is_fixed_by_its_seed_and_tool_scale_scales_the_tools() -> None:
     base = build_mix(MixShape(sessions=6, seed=3))
     assert build_mix(MixShape(sessions=6, seed=3)) == base

@@ -149,6 +149,12 @@ def build_mix(shape: MixShape) -> list[ReplaySession]:
         rate=shape.rate,
         max_context=shape.max_context,
     )
+    if workload.has_dependencies:
+        raise SessionMixError(
+            f"workload {shape.workload!r} has sessions that wait for others (an agent's "
+            "aggregation step); this benchmark replays independent sessions: use "
+            "agentmars bench replay, which honours the waits"
+        )
     rng = random.Random(shape.seed)
     mix = []
     for session in workload.sessions:

@@ -3,8 +3,6 @@ in the sandbox pool on a session's repository."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,6 @@ from agentmars.runtime.replay.tools import (
     action,
     tool_exec,
 )
-from agentmars.sandbox.config import SandboxConfig
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sandbox.spec import ExecResult
 from agentmars.server.workloads.model import ToolSpec
@@ -92,17 +89,9 @@ def test_a_whole_core_is_one_process() -> None:
 
 
 @pytest.fixture
-async def pool(tmp_path: Path) -> AsyncIterator[SandboxPool]:
-    config = SandboxConfig(
-        workspace_root=tmp_path / "ws",
-        tool_cores=[max(os.sched_getaffinity(0))],
-        engine_cores=[],
-        slots=2,
-    )
-    async with SandboxPool(config) as started:
-        workspace = started.open_session("s1")
-        write_repository(workspace, 3)
-        yield started
+def pool(started_pool: SandboxPool) -> SandboxPool:
+    write_repository(started_pool.open_session("s1"), 3)
+    return started_pool
 
 
 async def _run(pool: SandboxPool, tool: ToolSpec, call_id: str, turn: int = 1) -> ExecResult:

@@ -557,3 +557,42 @@ def test_the_host_admits_queued_tools_by_the_admission_halfs_priority() -> None:
     }
     # The priority is in the tool_enqueue events too, as the sandbox pool reports it.
     assert policy.admission_half.enqueued == [("a", 0), ("b", 5), ("c", 1)]
+
+
+def test_a_session_that_waits_for_others_arrives_when_the_last_of_them_ends() -> None:
+    # MapReduce: two maps at 0 (5 and 3 tokens: they end at 50 and 30 ms, one step
+    # each, batched); the reduce, due at 0, waits for both: it arrives at 50 ms and
+    # takes a prefill step and 1 more decode step (2 tokens): it ends at 70 ms.
+    _, record = run(
+        session("m.0", [(100, 5, None)], task_id="m"),
+        session("m.1", [(100, 3, None)], task_id="m"),
+        session("m.r", [(20, 2, None)], task_id="m", after=("m.0", "m.1")),
+    )
+    times = {s.session_id: (s.arrival_s, s.end_s) for s in record.sessions}
+    assert times["m.r"] == pytest.approx((5 * STEP_S, 7 * STEP_S))
+    assert times["m.1"][1] < times["m.0"][1] == pytest.approx(5 * STEP_S)
+    # In a closed loop of one, the waiting session holds the loop's place: no deadlock.
+    _, closed = run(
+        session("a", [(100, 2, None)]),
+        session("b", [(100, 2, None)], after=("a",)),
+        arrival="closed",
+        concurrency=1,
+    )
+    assert [s.session_id for s in closed.sessions] == ["a", "b"]
+
+
+def test_a_waiting_session_runs_alone_without_what_it_waits_for_for_t_ideal() -> None:
+    maps_and_reduce = workload(
+        session("m.0", [(100, 5, None)]),
+        session("m.r", [(20, 2, None)], after=("m.0",)),
+    )
+    alone = isolated_sessions(maps_and_reduce, flat_profile())
+    # The reduce alone: its prefill step with the first token, then one more.
+    assert alone["m.r"].latency_s == pytest.approx(2 * STEP_S)
+
+
+def test_a_dependency_must_be_a_session_listed_before() -> None:
+    with pytest.raises(ValueError, match=r"comes after \['z'\]"):
+        workload(session("a", [(10, 1, None)], after=("z",)))
+    with pytest.raises(ValueError, match=r"comes after \['b'\]"):
+        workload(session("a", [(10, 1, None)], after=("b",)), session("b", [(10, 1, None)]))

@@ -48,7 +48,7 @@ def test_the_fan_out_named_in_the_prompt_drives_the_cost() -> None:
 def test_samples_are_as_before_draw_agent() -> None:
     # Pinned from the draw before the workloads drew their agents with draw_agent: the
     # predictor's training and test data (and agentmars bench justitia-predictor's
-    # 41.6% MAPE) stay as they were for the same seed.
+    # figures) stay as they were for the same seed.
     expected = {
         "SC": [(6268290.0, 456, "aab3d2a97cd6d62d"), (4557147.5, 356, "7adf3b88d6f0f976")],
         "EV": [(91641.0, 1404, "3ce8f4e53cde5e76"), (167071.5, 824, "dd2e706a73f6bb25")],
@@ -68,8 +68,21 @@ def test_a_sample_is_the_agent_draw_agent_draws(agent: AgentClass) -> None:
     assert {s.input_text for s in sessions} == {sample.prompt}
     assert sessions_cost(sessions) == sample.cost
     assert {s.agent for s in sessions} == {agent.name}  # the class, not the instance
-    assert [s.session_id for s in sessions] == [f"x-00000.{i}" for i in range(len(sessions))]
+    branches = [s for s in sessions if not s.after]
+    assert [s.session_id for s in branches] == [f"x-00000.{i}" for i in range(len(branches))]
     assert {s.task_id for s in sessions} == {"x-00000"}
+    # MRS's reduce waits for every map; no other class has an aggregation session.
+    waiting = [s for s in sessions if s.after]
+    if agent.reduce_output:
+        assert [(s.session_id, s.after) for s in waiting] == [
+            ("x-00000.reduce", tuple(s.session_id for s in branches))
+        ]
+        (reduce,) = waiting
+        read = sum(s.turns[-1].output_tokens for s in branches)
+        instruction = round(agent.prompt * agent.shared)
+        assert reduce.turns[0].append_tokens == min(instruction + read, QWEN25_32B_CONTEXT)
+    else:
+        assert waiting == []
 
 
 def _instances(sessions: tuple[SessionSpec, ...]) -> dict[str, list[SessionSpec]]:
@@ -91,8 +104,9 @@ def test_the_workload_s_agents_carry_their_input_text() -> None:
         assert text
         texts.append(text)
         # and the text names the agent it rides on: SC's paths, CG's candidates, DM's
-        # merges, one claim, statement or question per branch, one section per MRS branch
-        count = len(branches)
+        # merges, one claim, statement or question per branch, one section per MRS map
+        # (its reduce, which waits for the maps, is not an item)
+        count = len([branch for branch in branches if not branch.after])
         agent = branches[0].agent
         if agent == "SC":
             assert f"Sample {count} independent reasoning paths" in text

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,10 +162,13 @@ class WorkloadReplay:
         start_ns: int,
         on_done: Callable[[SessionOutcome], None] | None,
     ) -> list[SessionOutcome]:
+        ended = _Ended(sessions)
+
         async def at_arrival(spec: SessionSpec) -> SessionOutcome:
             delay_s = start_ns / 1e9 + spec.arrival_s - time.monotonic()
             await asyncio.sleep(max(delay_s, 0.0))
-            return await self._session(spec, on_done)
+            await ended.all_of(spec.after)
+            return await ended.mark(spec, self._session(spec, on_done))
 
         return list(await asyncio.gather(*(at_arrival(spec) for spec in sessions)))
 
@@ -176,10 +179,15 @@ class WorkloadReplay:
         on_done: Callable[[SessionOutcome], None] | None,
     ) -> list[SessionOutcome]:
         slots = asyncio.Semaphore(concurrency)
+        ended = _Ended(sessions)
 
         async def in_turn(spec: SessionSpec) -> SessionOutcome:
+            # A session holds its place while it waits for the ones before it in the
+            # list it depends on (which have their places already), as the simulator's
+            # closed loop does.
             async with slots:
-                return await self._session(spec, on_done)
+                await ended.all_of(spec.after)
+                return await ended.mark(spec, self._session(spec, on_done))
 
         # Tasks are created in list order and the semaphore wakes waiters in order.
         return list(await asyncio.gather(*(in_turn(spec) for spec in sessions)))
@@ -199,6 +207,25 @@ class WorkloadReplay:
 
     async def _agent(self, spec: SessionSpec) -> None:
         raise NotImplementedError
+
+
+class _Ended:
+    """Which sessions of a replay have ended, for those that wait for others
+    (``SessionSpec.after``); a session that failed counts as ended, so the ones
+    waiting for it still run."""
+
+    def __init__(self, sessions: Sequence[SessionSpec]) -> None:
+        self._events = {spec.session_id: asyncio.Event() for spec in sessions}
+
+    async def all_of(self, session_ids: Sequence[str]) -> None:
+        for session_id in session_ids:
+            await self._events[session_id].wait()
+
+    async def mark(self, spec: SessionSpec, running: Awaitable[SessionOutcome]) -> SessionOutcome:
+        try:
+            return await running
+        finally:
+            self._events[spec.session_id].set()
 
 
 class ReplayAgents(WorkloadReplay):

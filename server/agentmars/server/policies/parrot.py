@@ -41,9 +41,8 @@ class ParrotEngine(EngineHalf):
         self._ranks = itertools.count()
 
     def on_event(self, event: AnyEvent) -> None:
-        ended = self.instances.follow(event)
-        if ended is not None:
-            self.arrived.pop(ended, None)
+        for task in self.instances.follow(event).forgotten:
+            self.arrived.pop(task, None)
 
     def priority(self, call: CallView, view: EngineView) -> SortKey:
         self.instances.join(call.session_id, call.task_id)

@@ -55,11 +55,10 @@ class SRJFEngine(EngineHalf):
         if isinstance(event, LLMEnd):
             task = self.instances.task_of(event.session_id)
             self.used[task] += kv_token_time(event.prompt_tokens or 0, event.output_tokens or 0)
-        ended = self.instances.follow(event)
-        if ended is not None:
-            self.costs.forget(ended)
-            self.used.pop(ended, None)
-            self._order.pop(ended, None)
+        for task in self.instances.follow(event).forgotten:
+            self.costs.forget(task)
+            self.used.pop(task, None)
+            self._order.pop(task, None)
 
     def priority(self, call: CallView, view: EngineView) -> SortKey:
         task = call.task_id

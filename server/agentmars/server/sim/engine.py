@@ -6,7 +6,8 @@ an engine step ends before anything else is handled, and the next step starts on
 after everything else of that instant (so a step sees every arrival of its start
 time). Handlers change the entities and push the events that follow.
 
-A session's life: it arrives and waits at the gateway until the policy admits it
+A session's life: it arrives (at its time, or when the last of the sessions it waits
+for ends, ``SessionSpec.after``) and waits at the gateway until the policy admits it
 (``Policy.admit``); each turn's call joins the engine's waiting queue; the scheduler
 (``sim.scheduler``) runs it in steps whose duration the cost model gives; when the
 call has produced its tokens, the policy decides what happens to its KV, and the
@@ -204,6 +205,10 @@ class SimEngine:
         self._placed: dict[str, Replica] = {}
         """Each admitted session's replica, until its ``session_end`` is out."""
         self._pending_specs = list(workload.sessions)
+        self._ended: set[str] = set()
+        self._deferred: list[SessionSpec] = []
+        """Sessions that arrived while some of ``SessionSpec.after`` had not ended (in a
+        closed loop, each holds its place in the loop meanwhile)."""
         self._tools: dict[str, tuple[Session, ToolRecord]] = {}
         self._tool_version = 0
         self._pass_pending = False
@@ -332,6 +337,9 @@ class SimEngine:
             self._pending_specs = []
 
     def _on_session_arrival(self, spec: SessionSpec) -> None:
+        if not self._ended.issuperset(spec.after):
+            self._deferred.append(spec)
+            return
         record = SessionRecord(
             spec.session_id, spec.agent, self.now, self.now, self.now, task_id=spec.task_id
         )
@@ -496,6 +504,8 @@ class SimEngine:
             )
         )
         del self._placed[session.session_id]
+        self._ended.add(session.session_id)
+        self._release_deferred()
         if self._on_progress is not None:
             self._on_progress(len(self.record.sessions))
         if self._pending_specs:
@@ -506,6 +516,13 @@ class SimEngine:
                 self._pending_specs.pop(0),
             )
         self.admit_sessions()
+
+    def _release_deferred(self) -> None:
+        """Sessions whose last dependency just ended arrive now."""
+        ready = [spec for spec in self._deferred if self._ended.issuperset(spec.after)]
+        for spec in ready:
+            self._deferred.remove(spec)
+            self.push(self.now, Rank.SESSION_ARRIVAL, self._on_session_arrival, spec)
 
     # --- tokens, finished calls, KV decisions and tools -----------------------------------
 
@@ -700,14 +717,15 @@ def isolated_sessions(
     workload: Workload, profile: Profile, config: SimConfig | None = None
 ) -> dict[str, SessionRecord]:
     """Each session's record when it runs alone on an empty engine under stock
-    scheduling: T_ideal is its latency (seed 000: "maximum concurrency set to one")."""
+    scheduling: T_ideal is its latency (seed 000: "maximum concurrency set to one"),
+    from when it starts (a session that waits for others is run without them)."""
     from agentmars.server.policies.fcfs import FCFS
 
     alone = {}
     for spec in workload.sessions:
         single = Workload(
             name=f"{workload.name}:{spec.session_id}",
-            sessions=(spec.model_copy(update={"arrival_s": 0.0}),),
+            sessions=(spec.model_copy(update={"arrival_s": 0.0, "after": ()}),),
         )
         alone[spec.session_id] = SimEngine(single, FCFS(), profile, config).run().sessions[0]
     return alone

@@ -355,6 +355,7 @@ def render_mrs(
     agent: AgentClass, sessions: Sequence[SessionSpec], rng: np.random.Generator
 ) -> tuple[str, str]:
     header = "Summarise the report below section by section, then merge the summaries."
+    sessions = [session for session in sessions if not session.after]  # the maps, not the reduce
     titles = rng.choice(SECTIONS, len(sessions)).tolist()
     texts = [
         f"{title}. {prose(rng, item_words(agent, session))}"

@@ -80,6 +80,11 @@ class SessionSpec(_Frozen):
     """The agent instance's input as its user gives it (seed 004: Justitia's cost
     predictor reads it); the branches of one instance carry the same text. None: the
     workload has no text."""
+    after: tuple[Name, ...] = ()
+    """Sessions that must have ended before this one starts (seed 004 §2.1: an agent's
+    inferences form a DAG, e.g. MapReduce's reduce waits for every map): it arrives at
+    its ``arrival_s`` or when the last of them ends, whichever is later. They come
+    before it in the workload's list."""
     turns: Annotated[tuple[TurnSpec, ...], Field(min_length=1)]
 
     @model_validator(mode="after")
@@ -150,5 +155,18 @@ class Workload(_Frozen):
         for session in self.sessions:
             if session.session_id in seen:
                 raise ValueError(f"duplicate session_id {session.session_id!r}")
+            # Before it in the list: a dependency cycle cannot be written, and a closed
+            # loop starts every dependency before the session that waits for it.
+            missing = [other for other in session.after if other not in seen]
+            if missing:
+                raise ValueError(
+                    f"session {session.session_id!r} comes after {missing}, which are not "
+                    "sessions listed before it"
+                )
             seen.add(session.session_id)
         return self
+
+    @property
+    def has_dependencies(self) -> bool:
+        """Whether some session waits for others (``SessionSpec.after``)."""
+        return any(session.after for session in self.sessions)

@@ -20,6 +20,7 @@ def assemble_session(
     prefix_group: str | None = None,
     task_id: str | None = None,
     arrival_s: float = 0.0,
+    after: Sequence[str] = (),
 ) -> SessionSpec:
     """A session of ``len(outputs)`` turns: turn 0 appends ``first_prompt``, turn
     ``i > 0`` appends ``appends[i - 1]`` (the observation of tool ``i - 1``).
@@ -28,7 +29,8 @@ def assemble_session(
     limit): a first prompt that does not fit is cut, and the session ends at the
     last turn that fits (its tool call dropped) -- an agent whose context is full
     stops. ``shared_prefix`` is cut to the first prompt. ``task_id``: the agent
-    instance the session is a branch of (seed 004)."""
+    instance the session is a branch of (seed 004); ``after``: the sessions it waits
+    for."""
     if not len(appends) == len(tools) == len(outputs) - 1:
         raise ValueError("need one append and one tool per turn after the first")
     if max_context < 2:
@@ -55,5 +57,6 @@ def assemble_session(
         shared_prefix_tokens=shared,
         prefix_group=prefix_group if shared else None,
         task_id=task_id,
+        after=tuple(after),
         turns=turns,
     )

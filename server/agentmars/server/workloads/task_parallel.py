@@ -26,11 +26,11 @@ training samples (``agent_prompts.draw_agent``): a detail instruction first, whi
 scales the class's output sizes (``agent_prompts.DETAIL``), then the sessions, then
 the agent's input text, carried by each of its sessions as ``input_text``.
 
-NOTE: the workload model has no dependencies between sessions, so an aggregation
-step (MRS's reduce) is the last turn of branch 0 and may run before the other
-branches finish. Branch counts and token sizes are ours, chosen so that the
-classes' mean memory cost (KV token-time, seed 004 §4.1) differs by about an order
-of magnitude per size class; the one published size, FV's generate-queries input
+An aggregation step is a session of its own that waits for the branches it reads
+(``SessionSpec.after``): MRS's reduce, ``<instance>.reduce``, reads every map's
+summary and starts when the last map ends. Branch counts and token sizes are ours,
+chosen so that the classes' mean memory cost (KV token-time, seed 004 §4.1) differs
+by about an order of magnitude per size class; the one published size, FV's generate-queries input
 of 360-380 tokens (Appendix A), is kept. The context cap is 32,768 tokens
 (Qwen2.5-32B, the largest model seed 004 serves).
 
@@ -39,7 +39,7 @@ size    published  generated (20,000 agents)   mean KV token-time per agent (our
 ======  =========  ==========================  ===================================
 small   72%        72.4%                       0.46M
 medium  26%        25.6%                       4.8M
-large   2%         2.0%                        46M
+large   2%         2.0%                        45M
 ======  =========  ==========================  ===================================
 
 (seed 0; the command is in docs/workloads.md. The detail instructions' output
@@ -92,7 +92,7 @@ class AgentClass:
     step_s: float = 0.0
     """Median duration of the step between stages (lognormal, sigma 0.5)."""
     reduce_output: float = 0.0
-    """If set: branch 0 ends with a call reading the other branches' outputs."""
+    """If set: a last session reads every branch's output, after they all end."""
 
 
 AGENT_CLASSES = (
@@ -146,10 +146,8 @@ def agent_sessions(
     agent: AgentClass, rng: np.random.Generator, instance: str, max_context: int
 ) -> list[SessionSpec]:
     branches = [draw_branch(agent, rng) for _ in range(draw_count(rng, agent.branches))]
-    if agent.reduce_output:
-        add_reduce(agent, rng, branches[0], sum(branch.outputs[-1] for branch in branches[1:]))
     shared = round(agent.prompt * agent.shared)
-    return [
+    maps = [
         assemble_session(
             f"{instance}.{i}",
             agent=agent.name,
@@ -164,6 +162,9 @@ def agent_sessions(
         )
         for i, branch in enumerate(branches)
     ]
+    if not agent.reduce_output:
+        return maps
+    return [*maps, reduce_session(agent, rng, maps, shared, instance, max_context)]
 
 
 def draw_branch(agent: AgentClass, rng: np.random.Generator) -> Branch:
@@ -177,11 +178,28 @@ def draw_branch(agent: AgentClass, rng: np.random.Generator) -> Branch:
     )
 
 
-def add_reduce(agent: AgentClass, rng: np.random.Generator, branch: Branch, inputs: int) -> None:
-    """Branch 0 reads the other branches' outputs and writes the merged result."""
-    branch.appends.append(inputs)
-    branch.outputs.append(tokens(lognormal_median(rng, agent.reduce_output, TOKEN_SIGMA, 1))[0])
-    branch.tools.append(tool_call("handoff", 0.0))
+def reduce_session(
+    agent: AgentClass,
+    rng: np.random.Generator,
+    maps: list[SessionSpec],
+    instruction: int,
+    instance: str,
+    max_context: int,
+) -> SessionSpec:
+    """The aggregation step: the agent's instruction (its shared input) and every
+    branch's last output in, the merged result out, once every branch has ended."""
+    read = sum(session.turns[-1].output_tokens for session in maps)
+    return assemble_session(
+        f"{instance}.reduce",
+        agent=agent.name,
+        first_prompt=instruction + read,
+        appends=[],
+        outputs=tokens(lognormal_median(rng, agent.reduce_output, TOKEN_SIGMA, 1)),
+        tools=[],
+        max_context=max_context,
+        task_id=instance,
+        after=[session.session_id for session in maps],
+    )
 
 
 def stage_steps(agent: AgentClass, rng: np.random.Generator, size: int) -> list[ToolSpec]:

@@ -70,19 +70,27 @@ def test_a_tag_is_fixed_at_arrival_and_an_unannounced_instance_gets_the_typical_
     assert half.priority(call("d", 1, task_id="D"), at(3))[0] == pytest.approx(finish)
 
 
-def test_an_instance_is_forgotten_when_its_last_session_ends() -> None:
+def test_a_late_session_rejoins_its_ended_instance_until_it_is_forgotten() -> None:
     half = JustitiaEngine()
-    announce(half, T=300)
+    half.instances.remember = 1
+    announce(half, T=300, U=50)
     half.on_event(SessionStart(session_id="t.1", metadata={"task_id": "T"}))
     assert half.priority(call("t.0", task_id="T"), at(0)) == (300, 0)
     half.on_event(SessionEnd(session_id="t.0"))
-    assert half.clock is not None and half.clock.knows("T")  # t.1 is still on
     half.on_event(SessionEnd(session_id="t.1"))
-    assert not half.clock.knows("T")
-    # The same id later is a new instance, with a new tag (V = 2 x 100 = 200 by then:
-    # T is still in GPS until V passes 300) and the typical cost: the geometric mean of
-    # the costs announced so far, T's 300.
-    assert half.priority(call("t.2", task_id="T"), at(2)) == pytest.approx((200 + 300, 1))
+    # T's sessions all ended, but an aggregation step that starts now (its reduce,
+    # waiting for its branches) is still T: the same tag, no new arrival.
+    assert half.priority(call("t.reduce", task_id="T"), at(2)) == (300, 0)
+    half.on_event(SessionEnd(session_id="t.reduce"))
+    assert half.clock is not None and half.clock.knows("T")
+    # Once another instance has ended since (one remembered here), T is forgotten: the
+    # same id later is a new instance, with a new tag: V (300 by then: T alone in GPS
+    # for 3 iterations) plus the typical cost of those announced so far, 300 and 50.
+    half.priority(call("u", task_id="U"), at(3))
+    half.on_event(SessionEnd(session_id="u"))
+    assert not half.clock.knows("T") and half.clock.knows("U")
+    (finish, rank) = half.priority(call("t.9", task_id="T"), at(3))
+    assert rank == 2 and finish == pytest.approx(half.clock.value + math.sqrt(300 * 50))
 
 
 def test_the_engine_half_orders_calls_on_the_simulated_engine() -> None:
@@ -181,6 +189,14 @@ def test_an_instance_is_learnt_from_when_its_last_session_ends() -> None:
     half.on_event(SessionEnd(session_id="e.1"))
     # Eq. 1: 100 x 20 + 20^2 / 2 + 120 x 10 + 10^2 / 2 = 2,200 + 1,250.
     assert predictor.learnt == [("EV", text, 3450.0)]
+    # A session that starts after (an aggregation step) rejoins the instance: it is
+    # neither announced again nor learnt from twice.
+    published: list[AnyEvent] = []
+    half.publish = published.append
+    late = SessionData("e.reduce", 50, agent="EV", task_id="e", prompt_text=text)
+    half.admit([late], AdmissionData())
+    half.on_event(SessionEnd(session_id="e.reduce"))
+    assert published == [] and len(predictor.learnt) == 1
 
 
 # --- the baselines ---------------------------------------------------------------------

@@ -16,6 +16,8 @@ last session ends its true cost, summed from its calls' ``llm_end`` tokens (Eq. 
 is a new sample of its type (``CostPredictor.observe``).
 
 NOTE: ours, where the paper is silent:
+- An instance is learnt from when its last session first ends (a session that starts
+  after, as an aggregation step, rejoins it, ``instances``, and is not learnt).
 - An instance's input is its first session's first prompt; an instance without text
   (a client whose prompt the gateway could not read) is predicted its type's typical
   cost (``CostPredictor.typical``), and is not learnt from.
@@ -32,7 +34,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agentmars.sdk.events import AnyEvent, LLMEnd, TaskCost
 from agentmars.server.policies.instances import Instances
@@ -55,7 +57,8 @@ class Arrived:
     text: str
     cost: float = 0.0
     """True KV token-time so far: its finished calls' (Eq. 1)."""
-    sessions: set[str] = field(default_factory=set)
+    learnt: bool = False
+    """Its cost is a sample of its type already (when its last session first ended)."""
 
 
 @functools.cache
@@ -91,9 +94,13 @@ class CostAdmission(AdmissionHalf):
             instance = self.arrived.get(self.instances.task_of(event.session_id))
             if instance is not None:
                 instance.cost += kv_token_time(event.prompt_tokens or 0, event.output_tokens or 0)
-        ended = self.instances.follow(event)
-        if ended is not None and ended in self.arrived:
-            self._learn(self.arrived.pop(ended))
+        change = self.instances.follow(event)
+        instance = self.arrived.get(change.ended) if change.ended else None
+        if instance is not None and not instance.learnt:
+            instance.learnt = True
+            self._learn(instance)
+        for task in change.forgotten:
+            self.arrived.pop(task, None)
 
     def _arrive(self, session: SessionView) -> None:
         task = session.task_id

@@ -16,7 +16,9 @@ engine (no admission half announcing costs, or the event still on its way) arriv
 with the geometric mean of the costs announced so far, or 0 before any, which makes
 its tag ``V(a)``: agent-level FCFS among such instances, Parrot's order. Its tag is
 then fixed (§4.3: a later arrival never changes an earlier tag), whatever announcement
-follows.
+follows; a session that starts after the instance's others ended (an aggregation step
+waiting for its branches) rejoins it, with that tag, while the instance is remembered
+(``policies.instances``).
 """
 
 from __future__ import annotations
@@ -74,11 +76,10 @@ class JustitiaEngine(EngineHalf):
 
     def on_event(self, event: AnyEvent) -> None:
         self.costs.on_event(event)
-        ended = self.instances.follow(event)
-        if ended is not None:
-            self.costs.forget(ended)
-            if self.clock is not None and self.clock.knows(ended):
-                self.clock.forget(ended)
+        for task in self.instances.follow(event).forgotten:
+            self.costs.forget(task)
+            if self.clock is not None and self.clock.knows(task):
+                self.clock.forget(task)
 
     def priority(self, call: CallView, view: EngineView) -> SortKey:
         clock = self._clock(view)
