@@ -283,3 +283,39 @@ def test_bad_settings_are_refused_with_a_message(settings: dict[str, object]) ->
     for name in ("justitia", "srjf"):
         with pytest.raises(ValueError, match=next(iter(settings))):
             make_policy(name, **settings)
+
+
+class Wild(CostPredictor):
+    """A real predictor whose model answers ``answer`` whatever the input."""
+
+    def __init__(self, answer: float) -> None:
+        super().__init__()
+        self.answer = answer
+
+    def predict(self, agent_type: str, prompt: str) -> float:
+        return self.answer
+
+
+@pytest.mark.parametrize(("answer", "announced"), [(1e30, float(2**53)), (-5.0, 0.0)])
+def test_a_wild_prediction_is_announced_within_what_an_event_carries(
+    answer: float, announced: float
+) -> None:
+    predictor = Wild(answer)
+    predictor.fit(agent_samples("EV", 3, seed=0))
+    half = CostAdmission(predictor)
+    published: list[AnyEvent] = []
+    half.publish = published.append
+    half.admit([SessionData("s", 10, agent="EV", prompt_text="Claim 1.")], AdmissionData())
+    assert [e.cost for e in published if isinstance(e, TaskCost)] == [announced]
+
+
+def test_an_infinite_prediction_falls_back_to_the_typical_cost() -> None:
+    predictor = Wild(math.inf)
+    predictor.fit(agent_samples("EV", 3, seed=0))
+    half = CostAdmission(predictor)
+    published: list[AnyEvent] = []
+    half.publish = published.append
+    half.admit([SessionData("s", 10, agent="EV", prompt_text="Claim 1.")], AdmissionData())
+    assert [e.cost for e in published if isinstance(e, TaskCost)] == [
+        pytest.approx(predictor.typical("EV"))
+    ]

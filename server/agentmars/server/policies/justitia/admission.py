@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentmars.sdk.events import AnyEvent, LLMEnd, TaskCost
+from agentmars.sdk.events import MAX_COUNT, AnyEvent, LLMEnd, TaskCost
 from agentmars.server.policies.instances import Instances
 from agentmars.server.policies.interface import AdmissionHalf
 from agentmars.server.policies.justitia.cost import kv_token_time
@@ -120,9 +121,12 @@ class CostAdmission(AdmissionHalf):
         instances in arrival order)."""
         if not self.predictor.types:
             return 0.0
-        if not text:
-            return self.predictor.typical(agent)
-        return max(self.predictor.predict(agent, text), 0.0)
+        predicted = self.predictor.predict(agent, text) if text else math.nan
+        if not math.isfinite(predicted):
+            predicted = self.predictor.typical(agent)
+        # A model's output for an input unlike any it was trained on is still a cost
+        # an event can carry (a count of at most MAX_COUNT token-iterations).
+        return min(max(predicted, 0.0), float(MAX_COUNT))
 
     def _learn(self, instance: Arrived) -> None:
         types = self.predictor.types
