@@ -10,6 +10,12 @@ from agentmars.server.policies.interface import EngineHalf, Policy, SortKey
 from agentmars.server.policies.registry import register
 from agentmars.server.policies.views import CallView, EngineView
 
+MAX_AGENTS = 256
+"""Agent types whose means are kept (ours: the names come from clients; past this a
+type's calls are predicted by the mean of all calls)."""
+MAX_STEPS = 256
+"""Steps of a type with a mean of their own; later steps use the type's mean."""
+
 
 @register
 class VllmSJF(Policy):
@@ -64,9 +70,9 @@ class VllmSJFEngine(EngineHalf):
     def _learn(self, end: LLMEnd) -> None:
         output = float(end.output_tokens or 0)
         agent = self._agent_of.get(end.session_id)
-        if agent is not None:
+        if agent is not None and (agent in self.by_agent or len(self.by_agent) < MAX_AGENTS):
             self.by_agent[agent].add(output)
-            if end.turn is not None:
+            if end.turn is not None and end.turn < MAX_STEPS:
                 self.by_step[agent, end.turn].add(output)
         self.overall.add(output)
 

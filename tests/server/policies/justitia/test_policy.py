@@ -15,6 +15,7 @@ from agentmars.sdk.events import AnyEvent, LLMEnd, SessionEnd, SessionStart, Tas
 from agentmars.server.engines.twin.app import create_live_app
 from agentmars.server.engines.twin.engine import LiveEngine
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
+from agentmars.server.policies import vllm_sjf
 from agentmars.server.policies.interface import AdmissionHalf, Policy
 from agentmars.server.policies.justitia.admission import CostAdmission, pretrained_predictor
 from agentmars.server.policies.justitia.predictor import CostPredictor
@@ -319,3 +320,14 @@ def test_an_infinite_prediction_falls_back_to_the_typical_cost() -> None:
     assert [e.cost for e in published if isinstance(e, TaskCost)] == [
         pytest.approx(predictor.typical("EV"))
     ]
+
+
+def test_vllm_sjf_keeps_means_for_a_bounded_number_of_types_and_steps() -> None:
+    half = VllmSJFEngine()
+    for i in range(vllm_sjf.MAX_AGENTS + 1):
+        half.on_event(SessionStart(session_id=f"s{i}", agent=f"type-{i}"))
+        turn = vllm_sjf.MAX_STEPS if i == 0 else 0
+        half.on_event(LLMEnd(session_id=f"s{i}", call_id="c", turn=turn, output_tokens=10))
+    assert len(half.by_agent) == vllm_sjf.MAX_AGENTS
+    assert ("type-0", vllm_sjf.MAX_STEPS) not in half.by_step
+    assert half.overall.count == vllm_sjf.MAX_AGENTS + 1  # every call still counts
