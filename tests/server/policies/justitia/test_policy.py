@@ -19,7 +19,7 @@ from agentmars.server.policies import vllm_sjf
 from agentmars.server.policies.interface import AdmissionHalf, Policy
 from agentmars.server.policies.justitia.admission import CostAdmission, pretrained_predictor
 from agentmars.server.policies.justitia.predictor import CostPredictor
-from agentmars.server.policies.justitia.scheduler import JustitiaEngine
+from agentmars.server.policies.justitia.scheduler import AnnouncedCosts, JustitiaEngine
 from agentmars.server.policies.parrot import ParrotEngine
 from agentmars.server.policies.registry import make_policy
 from agentmars.server.policies.srjf import SRJFEngine
@@ -69,6 +69,20 @@ def test_a_tag_is_fixed_at_arrival_and_an_unannounced_instance_gets_the_typical_
     assert finish == pytest.approx(200 + (1000 * 100 * 500) ** (1 / 3))
     announce(half, D=5)  # too late: D's tag stays
     assert half.priority(call("d", 1, task_id="D"), at(3))[0] == pytest.approx(finish)
+
+
+def test_only_the_newest_announcements_are_kept() -> None:
+    # Costs announced for instances whose calls go to another replica are never read
+    # here: only the newest few are kept, the oldest falls back to the typical cost.
+    costs = AnnouncedCosts(limit=2)
+    for task, cost in {"A": 1000.0, "B": 100.0, "C": 10.0}.items():
+        costs.on_event(TaskCost(task_id=task, cost=cost))
+    assert costs.cost("B") == 100 and costs.cost("C") == 10
+    assert costs.cost("A") == pytest.approx(100.0)  # the geometric mean of all three
+    costs.on_event(TaskCost(task_id="B", cost=50.0))  # re-announced: newest again
+    costs.on_event(TaskCost(task_id="D", cost=1.0))
+    assert costs.cost("B") == 50 and costs.cost("D") == 1
+    assert costs.cost("C") != 10
 
 
 def test_a_late_session_rejoins_its_ended_instance_until_it_is_forgotten() -> None:

@@ -24,6 +24,7 @@ waiting for its branches) rejoins it, with that tag, while the instance is remem
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 from agentmars.sdk.events import AnyEvent, TaskCost
 from agentmars.server.policies.capabilities import Capability
@@ -32,19 +33,30 @@ from agentmars.server.policies.interface import EngineHalf, SortKey
 from agentmars.server.policies.justitia.virtual_time import VirtualClock
 from agentmars.server.policies.views import CallView, EngineView
 
+ANNOUNCED = 16_384
+"""Announced costs kept, newest first (ours: a cost is read when its instance's first
+call is ranked, and is then in the clock; one never read is another replica's instance
+when the gateway serves several, and would otherwise be kept until the instance is
+forgotten, which this engine never learns)."""
+
 
 class AnnouncedCosts:
-    """The instances' costs as ``task_cost`` events announce them; an unannounced
-    instance is given the geometric mean of the announced ones (0 before any)."""
+    """The instances' costs as ``task_cost`` events announce them (the newest
+    ``limit``); an unannounced instance is given the geometric mean of the announced
+    ones (0 before any)."""
 
-    def __init__(self) -> None:
-        self._costs: dict[str, float] = {}
+    def __init__(self, limit: int = ANNOUNCED) -> None:
+        self.limit = limit
+        self._costs: OrderedDict[str, float] = OrderedDict()
         self._log_sum = 0.0
         self._positive = 0
 
     def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, TaskCost):
             self._costs[event.task_id] = event.cost
+            self._costs.move_to_end(event.task_id)
+            if len(self._costs) > self.limit:
+                self._costs.popitem(last=False)
             if event.cost > 0:
                 self._log_sum += math.log(event.cost)
                 self._positive += 1
