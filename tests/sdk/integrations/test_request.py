@@ -12,7 +12,9 @@ import pytest
 from agentmars import sdk
 from agentmars.sdk.events import LLMSubmit
 from agentmars.sdk.integrations.request import (
+    CHARS_PER_TOKEN,
     begin_call,
+    project_prompt_tokens,
     remember_tool_priority,
     tool_priority_of,
 )
@@ -134,3 +136,21 @@ def test_the_tool_priority_is_kept_for_the_current_session_only(emitter: sdk.Emi
         assert s.tool_priority == 5
         remember_tool_priority({"x-agentmars-tool-priority": "five"})
         assert s.tool_priority == 0
+
+
+def test_a_prompt_of_token_ids_is_projected_exactly() -> None:
+    assert project_prompt_tokens({"prompt": [101, 7, 2048, 9]}) == 4
+    # Text is projected by its length, as are ids that are not all integers.
+    assert project_prompt_tokens({"prompt": "x" * 40}) == 40 // CHARS_PER_TOKEN
+    assert project_prompt_tokens({"prompt": [True, False]}) == len("[True, False]") // 4
+
+
+def test_the_tools_offered_count_in_the_projection() -> None:
+    # A chat template writes the tools' schemas into the prompt.
+    messages = [{"role": "user", "content": "run the tests"}]
+    tool = {"type": "function", "function": {"name": "terminal", "parameters": {}}}
+    bare = project_prompt_tokens({"messages": messages})
+    offered = project_prompt_tokens({"messages": messages, "tools": [tool] * 10})
+    assert bare is not None and offered is not None
+    assert offered - bare >= 10 * len(str(tool)) // CHARS_PER_TOKEN - 10
+    assert project_prompt_tokens({"messages": messages, "tools": None}) == bare

@@ -94,17 +94,32 @@ Targeting = Callable[[Mapping[str, Any]], Target]
 
 def project_prompt_tokens(kwargs: Mapping[str, Any]) -> int | None:
     """A cheap estimate of the prompt's tokens from messages, prompt text, or a
-    Responses API request's instructions and input."""
+    Responses API request's instructions and input, with the tools offered (a chat
+    template writes their schemas into the prompt); a prompt of token ids is counted
+    exactly."""
     if "messages" in kwargs:
         text = json.dumps(kwargs["messages"], default=str, ensure_ascii=False)
     elif "input" in kwargs:
         instructions = str(kwargs.get("instructions") or "")
         text = instructions + json.dumps(kwargs["input"], default=str, ensure_ascii=False)
     elif "prompt" in kwargs:
-        text = str(kwargs["prompt"])
+        prompt = kwargs["prompt"]
+        if _is_token_ids(prompt):
+            return max(1, len(prompt))
+        text = str(prompt)
     else:
         return None
+    if kwargs.get("tools"):
+        text += json.dumps(kwargs["tools"], default=str, ensure_ascii=False)
     return max(1, len(text) // CHARS_PER_TOKEN)
+
+
+def _is_token_ids(prompt: object) -> bool:
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(token, int) and not isinstance(token, bool) for token in prompt)
+    )
 
 
 def tool_priority_of(headers: Mapping[str, str] | None) -> int | None:

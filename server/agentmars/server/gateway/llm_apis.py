@@ -110,9 +110,12 @@ class LLMApi:
         return "chat"
 
     def prompt_tokens(self, body: Mapping[str, Any]) -> int | None:
-        """The SDK's projection over the prompt's fields (None: the body has none)."""
+        """The SDK's projection over the prompt's fields and the tools offered (None:
+        the body has no prompt)."""
         parts = [body[name] for name in self.prompt_fields if name in body]
-        return project_prompt_tokens({"messages": parts}) if parts else None
+        if not parts:
+            return None
+        return project_prompt_tokens({"messages": parts, "tools": body.get("tools")})
 
     def prompt_text(self, body: Mapping[str, Any]) -> str:
         """The prompt's text, its messages' contents joined by new lines, at most
