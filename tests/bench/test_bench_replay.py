@@ -78,6 +78,11 @@ def test_replay_on_the_twin_measures_each_policy_and_its_prediction(tmp_path: Pa
         engine_ttft = result.config["engine_ttft_mean_s"][run.policy]
         assert run.ttft_s is not None and 0 < engine_ttft <= run.ttft_s.mean, run.policy
     assert "(agents) /" in done.stdout
+    # The agents' own CPU per call was measured on the run and charged in the
+    # prediction (it shares the agent core with the tools).
+    agent_cpu = result.config["agent_cpu_s_per_call"]
+    assert set(agent_cpu) == {"mars", "fcfs"} and all(0 < cpu < 5 for cpu in agent_cpu.values())
+    assert "own CPU per call" in done.stdout
 
 
 @pytest.mark.slow

@@ -155,6 +155,9 @@ class PolicyRun:
     """Mean time to first token as the engine measured it (vLLM's histogram, which the
     twin keeps too): the agents' TTFT less this is what the calls spent outside the
     engine (the agents' process, the gateway, the wire)."""
+    agent_cpu_s: float = 0.0
+    """CPU seconds the agents' process used per LLM call, on the agent cores it shares
+    with the tools (the prediction charges it there: ``SimConfig.agent_cpu_s``)."""
 
 
 Progress = Callable[[str, SessionOutcome], None]
@@ -267,7 +270,7 @@ def run_policy(
     prediction (its tools each ``tool_cost`` longer)."""
     with served(engine, policy) as stack:
         before = _counters(stack.engine_url)
-        began = time.monotonic()
+        began, cpu_began = time.monotonic(), time.process_time()
         with pinned(engine.agent_cores):
             run = asyncio.run(
                 _replay(
@@ -275,8 +278,13 @@ def run_policy(
                 )
             )
         replay_s = time.monotonic() - began
+        agents_cpu_s = time.process_time() - cpu_began
         after = _counters(stack.engine_url)
     record = run_record(run, workload, _labels(engine, sandbox, policy))
+    calls = sum(len(session.calls) for session in record.sessions)
+    # This process is the agents, their SDK sinks and the sandbox pool's bookkeeping
+    # (its tools are child processes, not counted): all of it on the agent cores.
+    agent_cpu_s = agents_cpu_s / calls if calls else 0.0
     record.prefix_queries = int(after["prefix_cache_queries"] - before["prefix_cache_queries"])
     record.prefix_hits = int(after["prefix_cache_hits"] - before["prefix_cache_hits"])
     record.preemptions = int(after["num_preemptions"] - before["num_preemptions"])
@@ -293,11 +301,13 @@ def run_policy(
                 workload_as_run(workload, record) if agents == "openhands" else workload,
                 (tool_cost or ToolCost()).apply,
             ),
+            agent_cpu_s=agent_cpu_s,
         ),
         failed=[outcome.error for outcome in run.failed if outcome.error is not None],
         startup_s=stack.startup_s,
         replay_s=replay_s,
         engine_ttft_s=_mean_of(after, before, "time_to_first_token_seconds"),
+        agent_cpu_s=agent_cpu_s,
     )
 
 
@@ -383,10 +393,16 @@ def _bind(on_done: Progress, policy: str) -> Callable[[SessionOutcome], None]:
 
 
 def predict(
-    engine: EngineShape, sandbox: SandboxShape, policy: str, workload: Workload
+    engine: EngineShape,
+    sandbox: SandboxShape,
+    policy: str,
+    workload: Workload,
+    *,
+    agent_cpu_s: float = 0.0,
 ) -> RunRecord:
     """The simulator's run of the same workload: the engine's profile and KV blocks,
-    the tools on the pool's cores and slots."""
+    the tools on the pool's cores and slots, which the agents' own work per call
+    (``agent_cpu_s``, as measured on the run) shares with them."""
     if engine.profile is None:
         raise ReplayBenchError("the simulator's prediction needs the engine's --profile")
     profile = load_profile(engine.profile)
@@ -394,6 +410,7 @@ def predict(
         tool_cores=_tool_cores(engine, sandbox),
         tool_slots=sandbox.tool_slots,
         num_gpu_blocks=engine.num_blocks,
+        agent_cpu_s=agent_cpu_s,
     )
     record = SimEngine(workload, make_policy(policy), profile, config).run()
     record.policy = policy + PREDICTED
@@ -453,6 +470,7 @@ def run_all(
         "tool_cost_s": asdict(tool_cost),
         "failed": {run.policy: run.failed for run in runs if run.failed},
         "engine_ttft_mean_s": {run.policy: run.engine_ttft_s for run in runs},
+        "agent_cpu_s_per_call": {run.policy: run.agent_cpu_s for run in runs},
     }
     # Through JSON: tuples become lists, as results.json holds them.
     described = json.loads(json.dumps(config))
@@ -491,6 +509,10 @@ def publish_output(output: ReplayOutput, out: Path) -> Path:
         + ", ".join(f"{policy} {error:+.0%}" for policy, error in errors.items())
     )
     console.print(ttft_sides(output))
+    console.print(
+        "The agents' own CPU per call, on the agent cores (charged in the prediction): "
+        + ", ".join(f"{run.policy} {run.agent_cpu_s * 1000:.0f} ms" for run in output.runs)
+    )
     for run in output.runs:
         for failure in run.failed:
             console.print(f"[red]failed[/red] {run.policy}: {failure}")

@@ -4,6 +4,7 @@ properties over random small workloads."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -105,6 +106,30 @@ def test_tools_share_the_host_cores_when_oversubscribed() -> None:
     for s in record.sessions:
         assert s.tools[0].end_s - s.tools[0].start_s == pytest.approx(2.0)
     assert record.tool_busy_core_s == pytest.approx(2.0)
+
+
+def test_the_agents_work_on_the_tool_cores_slows_the_tools() -> None:
+    # One tool core; each call's end leaves its agent 2 CPU-seconds of work there.
+    # Call 1 ends at 10 ms: the agent's work and the 10 s core-bound tool share the
+    # core at half speed until the work is done (4 s later, 2 s of the tool done), then
+    # the tool's last 8 s at full speed: 12 s instead of 10. The last call's work slows
+    # nothing and the session ends with its call.
+    sessions = [session("a", [(20, 1, 10.0), (5, 1, None)], tool_cpu_s=10.0)]
+    _, alone = run(*sessions, config=SimConfig(tool_cores=1))
+    _, shared = run(*sessions, config=SimConfig(tool_cores=1, agent_cpu_s=2.0))
+    assert alone.sessions[0].tools[0].end_s - alone.sessions[0].tools[0].start_s == (
+        pytest.approx(10.0)
+    )
+    (tool,) = shared.sessions[0].tools
+    assert tool.end_s - tool.start_s == pytest.approx(12.0)
+    assert shared.sessions[0].end_s == pytest.approx(alone.sessions[0].end_s + 2.0)
+    assert shared.tool_busy_core_s == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("agent_cpu_s", [-1.0, math.inf, math.nan])
+def test_agent_cpu_must_be_finite_and_not_negative(agent_cpu_s: float) -> None:
+    with pytest.raises(SimError, match="agent_cpu_s"):
+        SimConfig(agent_cpu_s=agent_cpu_s)
 
 
 def test_tool_slots_queue_tools_in_arrival_order() -> None:

@@ -54,3 +54,24 @@ def test_queued_tools_of_one_priority_start_in_arrival_order() -> None:
     for key, priority in (("a", 2), ("b", 0), ("c", 2), ("d", 0), ("e", 2)):
         host.submit(key, ToolSpec(kind="bash", wall_s=1.0), priority)
     assert _start_order(host, "running") == ["b", "d", "a", "c", "e"]
+
+
+def test_background_work_shares_the_cores_without_a_slot() -> None:
+    # One core, one slot. A 10 s core-bound tool runs; an agent's 5 CPU-seconds of
+    # background work join it: both at half speed, so the work ends at 10 s, the tool
+    # having done 5 s of its 10, and the tool ends 5 s later at full speed. The work
+    # took no slot: a second tool still queues for the tool's, and nothing starts when
+    # the work ends.
+    host = HostCPU(cores=1, slots=1)
+    assert host.submit("tool", ToolSpec(kind="bash", wall_s=10.0, cpu_s=10.0))
+    host.run_background("agent", 5.0)
+    assert not host.submit("next", ToolSpec(kind="bash", wall_s=1.0, cpu_s=1.0))
+    assert host.next_finish() == (pytest.approx(10.0), "agent")
+    host.advance(10.0)
+    assert host.is_background("agent")
+    assert host.finish("agent") == []
+    assert host.next_finish() == (pytest.approx(15.0), "tool")
+    # Only the tool's core time counts as the tools' busy time.
+    assert host.busy_core_s == pytest.approx(5.0)
+    host.advance(15.0)
+    assert host.finish("tool") == ["next"]

@@ -38,6 +38,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,10 @@ from agentmars.server.workloads.model import SessionSpec, Workload
 
 logger = logging.getLogger(__name__)
 
+AGENT_WORK = "agent"
+"""The host key of an agent's work around a call: ``(AGENT_WORK, call id)``
+(``SimConfig.agent_cpu_s``)."""
+
 
 class SimError(ValueError):
     """The workload or the configuration cannot run on this engine."""
@@ -115,12 +120,23 @@ class SimConfig:
     replicas: int = 1
     """Engine replicas behind the gateway, each a whole engine of the profile (seed 003
     §6.2.2's DP=3); the host's tool cores are shared."""
+    agent_cpu_s: float = 0.0
+    """CPU seconds the agents' own processes spend on the tool cores per LLM call (0:
+    the agents run elsewhere). A replay's agents share the tool cores with the tools
+    (``bench replay`` measures this on its run): each call's share runs as background
+    work on the host from the call's end, beside its tool. NOTE: ours — the agent's
+    work around a call (building the request, reading the stream, handling the answer)
+    is charged in one piece at its end; it slows the tools it shares the cores with,
+    and delays nothing else directly (a replay's agents wait on the LLM and the tools
+    in between, in their own threads)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
             raise SimError(f"replicas must be an integer >= 1, got {self.replicas!r}")
         if self.replicas < 1:
             raise SimError(f"replicas must be an integer >= 1, got {self.replicas!r}")
+        if not 0 <= self.agent_cpu_s < math.inf:
+            raise SimError(f"agent_cpu_s must be a finite number >= 0, got {self.agent_cpu_s!r}")
 
 
 class SimEngine:
@@ -572,6 +588,10 @@ class SimEngine:
                 **self.stamp(),
             )
         )
+        if self.config.agent_cpu_s:
+            self.host.advance(self.now)
+            self.host.run_background((AGENT_WORK, call.call_id), self.config.agent_cpu_s)
+            self._plan_tool_finish()
         if last:
             self._end_session(session)
         else:
@@ -640,11 +660,15 @@ class SimEngine:
                 upcoming[0], Rank.TOOL_DONE, self._on_tool_done, (self._tool_version, upcoming[1])
             )
 
-    def _on_tool_done(self, arg: tuple[int, str]) -> None:
+    def _on_tool_done(self, arg: tuple[int, Any]) -> None:
         version, key = arg
         if version != self._tool_version:
             return
         self.host.advance(self.now)
+        if self.host.is_background(key):
+            self.host.finish(key)
+            self._plan_tool_finish()
+            return
         for started in self.host.finish(key):
             self._tool_started(str(started))
         session, record = self._tools.pop(key)
