@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentmars.sdk.events import (
     AnyEvent,
     Event,
+    KVPin,
     KVStats,
     SessionEnd,
     SessionPause,
@@ -339,3 +340,39 @@ def test_thunderagent_is_refused_at_start_without_kv_figures(
     )
     assert process.returncode == 2
     assert "kv-figures" in process.stderr and "--plugin-kv-addr" in process.stderr
+
+
+def test_an_event_queued_as_its_making_is_made_and_sent_by_the_publishers_thread(
+    addresses: tuple[str, str],
+) -> None:
+    # The plugin hands the side channel the making of each kv_pin / kv_unpin (made on
+    # the scheduler's thread, they cost schedule() time): the publisher's thread makes
+    # and sends it under the event topic, with the figures and time given when queued.
+    from agentmars.server.engines.vllm.kv_status import EVENT_TOPIC
+
+    kv, _ = addresses
+    publisher = KVStatusPublisher(lambda: _figures(10, 10), path=None, address=kv, hz=20)
+    subscriber = zmq.Context.instance().socket(zmq.SUB)
+    subscriber.setsockopt(zmq.SUBSCRIBE, EVENT_TOPIC)
+    subscriber.connect(kv)
+    made_on: list[str] = []
+    stamp = {"mono_ns": 5, "wall_ns": 7}
+
+    def make() -> KVPin:
+        made_on.append(threading.current_thread().name)
+        return KVPin(session_id="s", blocks=3, source="engine", **stamp)
+
+    try:
+        deadline = time.monotonic() + 5
+        # PUB drops what it sends before the subscription is seen: send until it is.
+        while not subscriber.poll(100):
+            assert time.monotonic() < deadline, "no event reached the subscriber"
+            publisher.send_made(make)
+        topic, payload = subscriber.recv_multipart()
+    finally:
+        subscriber.close(linger=0)
+        publisher.stop()
+    event = decode_event(payload)
+    assert topic == EVENT_TOPIC and isinstance(event, KVPin)
+    assert (event.session_id, event.blocks, event.mono_ns, event.wall_ns) == ("s", 3, 5, 7)
+    assert set(made_on) == {"agentmars-kv-status"}

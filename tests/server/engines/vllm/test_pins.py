@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     assert free() == 10
     a, b = pool.get_new_blocks(3), pool.get_new_blocks(2)
     events, clock = [], [0.0]
-    table = PinTable(pool, 16, announce=events.append, clock=lambda: clock[0])
+    table = PinTable(pool, 16, announce=lambda make: events.append(make()), clock=lambda: clock[0])
     table.pin("a", a, now=0.0, ttl_s=5.0, session_arrival_s=0.0)
     table.pin("b", b, now=1.0, ttl_s=1.0, session_arrival_s=1.0)
     table.pin("c", a[:1], now=1.0, ttl_s=None, session_arrival_s=1.0)
@@ -94,7 +94,7 @@ def test_a_partial_offload_gives_back_the_pins_tail_first_and_keeps_its_head() -
     from agentmars.server.engines.vllm.pins import PinTable
 
     pool, events = _Pool(), []
-    table = PinTable(pool, 16, announce=events.append, clock=lambda: 1.0)
+    table = PinTable(pool, 16, announce=lambda make: events.append(make()), clock=lambda: 1.0)
     table.pin("s", ["b0", "b1", "b2", "b3"], now=0.0, ttl_s=None, session_arrival_s=0.0)
     assert table.release_tail("s", 2) == 2
     assert (pool.freed, table.get("s").held, table.pinned_blocks) == (["b3", "b2"], ["b0", "b1"], 2)

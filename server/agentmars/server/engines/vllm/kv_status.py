@@ -9,7 +9,8 @@ A daemon thread samples and writes at a fixed rate, so the figures stay fresh wh
 the engine is idle (vLLM does not call ``schedule()`` then). Sampling reads a few
 integers the scheduler thread updates; the GIL makes each read whole. Events are
 queued by the scheduler's thread and sent by this one (a ZMQ socket belongs to one
-thread), which is woken for them.
+thread), which is woken for them; the ones queued as their making (``send_made``) are
+made here too, off ``schedule()``'s path.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentmars.sdk.events import AnyEvent, KVStats
+from agentmars.sdk.events import AnyEvent, Event, KVStats
 
 logger = logging.getLogger("vllm.agentmars.kv_status")
 
@@ -64,7 +65,7 @@ class KVStatusPublisher:
         # socket to another thread once).
         self._socket = bind_socket("PUB", address) if address else None
         self._interval_s = 1.0 / hz
-        self._events: queue.SimpleQueue[AnyEvent] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[AnyEvent | Callable[[], AnyEvent]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentmars-kv-status", daemon=True)
@@ -92,9 +93,17 @@ class KVStatusPublisher:
             self._events.put(event)
             self._wake.set()
 
+    def send_made(self, make: Callable[[], AnyEvent]) -> None:
+        """Queue the making of an event: this thread makes and sends it (dropped
+        without a socket)."""
+        if self._socket is not None:
+            self._events.put(make)
+            self._wake.set()
+
     def _send_events(self) -> None:
         while not self._events.empty():
-            event = self._events.get_nowait()
+            item = self._events.get_nowait()
+            event = item if isinstance(item, Event) else item()
             assert self._socket is not None
             self._socket.send_multipart([EVENT_TOPIC, event.to_json().encode()])
 

@@ -7,13 +7,16 @@ off the free queue and keep their hashes; the session's next call finds them as 
 prefix-cache hit. Releasing a pin gives the reference back (``BlockPool.free_blocks``):
 the blocks return to the LRU tail as ordinary cached blocks. When to pin and which pin
 to drop are the policy's; this module only does it, and says so on the stream
-(``kv_pin`` / ``kv_unpin``; why a pin goes: ``events.ReleaseReason``). It imports no
+(``kv_pin`` / ``kv_unpin``; why a pin goes: ``events.ReleaseReason``), handing its host
+the making of each event (``Announce``: a host may make it off its hot path). It
+imports no
 vLLM: the blocks are vLLM's ``KVCacheBlock`` objects, handled through the pool they
 came from.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import time
@@ -22,7 +25,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, get_args
 
-from agentmars.sdk.events import AnyEvent, KVPin, KVUnpin, ReleaseReason
+from agentmars.sdk.events import AnyEvent, KVPin, KVUnpin, ReleaseReason, clock
+
+Announce = Callable[[Callable[[], AnyEvent]], None]
+"""Takes the making of a ``kv_pin`` / ``kv_unpin`` event (its figures and time are read
+when the pin changes; the event is made when the maker is called)."""
 
 
 class BlockPoolLike(Protocol):
@@ -54,17 +61,17 @@ class Pin:
 
 
 class PinTable:
-    """The pins of one scheduler, at most one per session. ``announce`` takes a
-    ``kv_pin`` for each pin taken and a ``kv_unpin`` for each released (None: no
-    events); ``clock`` is the clock of the ``now`` given to ``pin`` (vLLM's is the
-    wall clock), for how long a released pin was held."""
+    """The pins of one scheduler, at most one per session. ``announce`` takes the
+    making of a ``kv_pin`` for each pin taken and of a ``kv_unpin`` for each released
+    (None: no events); ``clock`` is the clock of the ``now`` given to ``pin`` (vLLM's
+    is the wall clock), for how long a released pin was held."""
 
     def __init__(
         self,
         block_pool: BlockPoolLike,
         block_size: int,
         *,
-        announce: Callable[[AnyEvent], None] | None = None,
+        announce: Announce | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._pool = block_pool
@@ -113,7 +120,14 @@ class PinTable:
         self.changed.add(session_id)
         if self._announce is not None:
             self._announce(
-                KVPin(session_id=session_id, blocks=pin.blocks, ttl_s=ttl_s, source="engine")
+                functools.partial(
+                    KVPin,
+                    session_id=session_id,
+                    blocks=pin.blocks,
+                    ttl_s=ttl_s,
+                    source="engine",
+                    **clock(),
+                )
             )
         if pin.expires_s is not None:
             heapq.heappush(self._expiries, (pin.expires_s, next(self._order), pin))
@@ -157,13 +171,15 @@ class PinTable:
         self.changed.add(session_id)
         return blocks
 
-    def _unpinned(self, pin: Pin, reason: ReleaseReason) -> KVUnpin:
-        return KVUnpin(
+    def _unpinned(self, pin: Pin, reason: ReleaseReason) -> Callable[[], KVUnpin]:
+        return functools.partial(
+            KVUnpin,
             session_id=pin.session_id,
             blocks=pin.blocks,
             reason=reason,
             held_s=max(self._clock() - pin.pinned_s, 0.0),
             source="engine",
+            **clock(),
         )
 
     def release_expired(self, now: float) -> list[Pin]:
