@@ -214,8 +214,8 @@ class TestThunderAgentOnVllm:
         self, thunder: LinkedEngine, vocab_size: int
     ) -> None:
         """Three calls of no session, one after the other, answered whole (not streamed),
-        each projected at ~2,900 tokens: each fits the KV (8,064 tokens, empty between
-        the calls: a call of no session is not pinned), so each is admitted at once.
+        each of 2,900 token ids (projected exactly): each fits the KV (8,064 tokens, empty
+        between the calls: a call of no session is not pinned), so each is admitted at once.
         A call answered whole has no first token: its end (and the gateway's
         ``session_end`` of its one-call session) is what tells the admission half that
         its prompt is no longer waiting for blocks (5,800 of 8,064 tokens would
@@ -223,7 +223,7 @@ class TestThunderAgentOnVllm:
         bodies = [
             {
                 "model": SERVED_MODEL_NAME,
-                "prompt": random_prompt(2400, vocab_size, seed=100 + i),
+                "prompt": random_prompt(2900, vocab_size, seed=100 + i),
                 "max_tokens": 1,
             }
             for i in range(3)
