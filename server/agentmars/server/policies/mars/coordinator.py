@@ -42,13 +42,21 @@ class PriorityAwareCoordinator:
             lambda: deque(maxlen=settings.service_window_calls)
         )
         """Tokens computed for each session's last calls (the service window)."""
+        self._service_levels: dict[str, int] = {}
+        """Each session's levels of attained service, worked out when its window moves
+        (a priority reads it for every call placed in the waiting order)."""
 
     def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, LLMEnd) and event.status == "ok":
             computed = (event.prompt_tokens or 0) - (event.cached_tokens or 0)
-            self._service[event.session_id].append(computed + (event.output_tokens or 0))
+            window = self._service[event.session_id]
+            window.append(computed + (event.output_tokens or 0))
+            self._service_levels[event.session_id] = doublings(
+                sum(window), self.settings.quantum_tokens
+            )
         elif isinstance(event, SessionEnd):
             self._service.pop(event.session_id, None)
+            self._service_levels.pop(event.session_id, None)
 
     def attained_tokens(self, session_id: str) -> int:
         window = self._service.get(session_id)
@@ -59,7 +67,7 @@ class PriorityAwareCoordinator:
         return doublings(blocks, base)
 
     def service_levels(self, session_id: str) -> int:
-        return doublings(self.attained_tokens(session_id), self.settings.quantum_tokens)
+        return self._service_levels.get(session_id, 0)
 
     def footprint(self, call: CallView, view: EngineView) -> int:
         """Blocks the call needs beyond its session's pin."""
