@@ -24,7 +24,7 @@ from agentmars.bench.session_mix import EngineShape, SandboxShape
 PLAN = ReplayPlan(
     workload="ilr-1",
     sessions=16,
-    rate=0.4,
+    rate=0.5,
     max_turns=8,
     max_context=4096,
     tool_scale=0.5,
@@ -33,7 +33,11 @@ PLAN = ReplayPlan(
 )
 """ILR-1 (seed 000's lightest) at a load where the engine's KV is contended: 16
 sessions of at most 8 calls, contexts scaled to the tiny model's 4,096 tokens, tools at
-half their recorded time so that both policies run within the five minutes (ours)."""
+half their recorded time so that both policies run within the five minutes (ours).
+0.5 sessions/s, past the onset of saturation (seed 000's largest gains are there): at
+0.4/s the one tool core, which the agents' own process shares, was as much the
+bottleneck as the KV, and the two policies were within a run's noise of each other
+(MARS 0.98-1.18x FCFS on the twin; docs/replay.md)."""
 NUM_BLOCKS = 48
 """KV blocks of the engine: 48 x 128 tokens, about five sessions' contexts, so that
 keeping a session's KV across its tool call competes with admitting another (ours)."""
