@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,11 +53,19 @@ def served_twin(env: Mapping[str, str] | None = None) -> Iterator[Twin]:
     assert process.returncode == 0, process.stderr.read() if process.stderr else ""
 
 
-def wait_for(url: str, process: subprocess.Popen[str], timeout_s: float) -> None:
-    """Wait until ``url`` answers 200; fail with the server's error output if it exits."""
+def wait_for(
+    url: str,
+    process: subprocess.Popen[str],
+    timeout_s: float,
+    stderr: Callable[[], str] | None = None,
+) -> None:
+    """Wait until ``url`` answers 200; fail with the server's error output if it exits
+    (``stderr``: where to read it when the process's goes to a file)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        if process.poll() is not None:
+            output = stderr() if stderr else process.stderr.read() if process.stderr else ""
+            raise AssertionError(f"exited with {process.returncode}: {output[-3000:]}")
         try:
             if httpx.get(url, timeout=1.0).status_code == 200:
                 return
@@ -73,13 +81,17 @@ def vllm_children(process: subprocess.Popen[Any]) -> list[psutil.Process]:
     return [p for p in children if "vllm" in " ".join(p.cmdline())]
 
 
-def sigterm_once_vllm_starts(process: subprocess.Popen[Any]) -> None:
-    """Send SIGTERM as soon as ``process`` has started vLLM; then nothing it started may
-    be left running."""
+def sigterm_once_vllm_starts(
+    process: subprocess.Popen[Any], while_starting: Callable[[], None] | None = None
+) -> None:
+    """Send SIGTERM as soon as ``process`` has started vLLM (after ``while_starting``,
+    a check made then); then nothing it started may be left running."""
     deadline = time.monotonic() + 120
     while not (started := vllm_children(process)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert started, "vLLM was never started"
+    if while_starting is not None:
+        while_starting()
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=60)
     _, alive = psutil.wait_procs(started, timeout=30)

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentmars.sdk.events import SessionEnd
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME
 from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
-from agentmars.server.web.serving import free_loopback_port
+from agentmars.server.web.serving import CannotListen, free_loopback_port, listening_socket
 from tests.cli.serving import sigterm_once_vllm_starts, vllm_children, wait_for
 from tests.server.engines.vllm.conftest import vllm_python  # noqa: F401  (the fixture)
 
@@ -92,7 +92,16 @@ def test_sigterm_while_vllm_starts_leaves_nothing_running(
     vllm_python: Path,  # noqa: F811  (the fixture imported above)
     tmp_path: Path,
 ) -> None:
-    sigterm_once_vllm_starts(_start(vllm_python, free_loopback_port(), tmp_path / "vllm.log"))
+    """And the gateway's port is held while vLLM starts, so nothing vLLM starts on a
+    free port of its own takes it (a CI run lost a server to that race)."""
+    port = free_loopback_port()
+
+    def the_port_is_held() -> None:
+        with pytest.raises(CannotListen):
+            listening_socket("127.0.0.1", port).close()
+
+    process = _start(vllm_python, port, tmp_path / "vllm.log")
+    sigterm_once_vllm_starts(process, while_starting=the_port_is_held)
 
 
 @pytest.mark.slow

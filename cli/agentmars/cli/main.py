@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -873,12 +874,14 @@ def serve(
     import os
 
     token = _gateway_token(os.environ.get("AGENTMARS_GATEWAY_TOKEN", ""), host)
-    _check_can_listen(host, port)
+    listener = _listen(host, port)
     if engine is Engine.sim:
         vllm_only = [name for name, value in (("--model", model), ("--vllm-python", vllm_python),
                      ("--cores", cores), ("--vllm-arg", vllm_arg), ("--replicas", replicas > 1),
                      ("--cpu-kv-blocks", cpu_kv_blocks is not None)) if value]  # fmt: skip
-        _serve_sim(profile, vllm_only, policy, host, port, token, num_blocks, max_model_len)
+        _serve_sim(
+            profile, vllm_only, policy, host, port, token, num_blocks, max_model_len, listener
+        )
     if model is None:
         typer.echo("error: --engine vllm needs --model (vllm serves a model directory)", err=True)
         raise typer.Exit(2)
@@ -906,7 +909,7 @@ def serve(
             cpu_kv_blocks=cpu_kv_blocks,
             replicas=replicas,
         )
-        code = run_serve(options)
+        code = run_serve(options, listener)
     except (ServeError, RuntimeError) as exc:  # RuntimeError: vLLM did not start
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -939,15 +942,16 @@ def _gateway_token(token: str, host: str) -> str:
     return token
 
 
-def _check_can_listen(host: str, port: int) -> None:
-    """Refuse before an engine starts (vLLM takes a minute) if the gateway could not
-    listen on ``host:port``."""
-    from agentmars.server.web.serving import cannot_listen
+def _listen(host: str, port: int) -> socket.socket:
+    """The gateway's socket, bound before an engine starts (vLLM takes a minute): a
+    busy port is refused at once, and nothing the engine starts can take it."""
+    from agentmars.server.web.serving import CannotListen, listening_socket
 
-    problem = cannot_listen(host, port)
-    if problem is not None:
-        typer.echo(f"error: the gateway cannot listen on {host}:{port}: {problem}", err=True)
-        raise typer.Exit(2)
+    try:
+        return listening_socket(host, port)
+    except CannotListen as exc:
+        typer.echo(f"error: the gateway cannot listen on {host}:{port}: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _serve_sim(
@@ -959,6 +963,7 @@ def _serve_sim(
     token: str,
     num_blocks: int | None,
     max_model_len: int | None,
+    listener: socket.socket,
 ) -> None:
     from agentmars.cli.serve_sim import SimServeError, SimServeOptions, serve_sim
     from agentmars.server.profiles.cost_model import profile_names
@@ -977,7 +982,7 @@ def _serve_sim(
             num_blocks=num_blocks,
             max_model_len=max_model_len,
         )
-        code = serve_sim(options)
+        code = serve_sim(options, listener)
     except SimServeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import tempfile
 import types
 from dataclasses import dataclass
@@ -183,7 +184,9 @@ def _plugin_env(options: ServeOptions, sockets: Path) -> dict[str, str]:
     return env
 
 
-def serve(options: ServeOptions) -> int:
+def serve(options: ServeOptions, listener: socket.socket) -> int:
+    """Serve until SIGINT or SIGTERM on ``listener`` (bound to the options' host and
+    port before vLLM starts); 0 once everything has stopped."""
     options.check()
     stop_on_sigterm()
     try:
@@ -193,8 +196,9 @@ def serve(options: ServeOptions) -> int:
                 gateway = _gateway_config(options, replicas, urls)
                 app = create_gateway_app(gateway)
                 engines = ", ".join(urls)
-                announce(options.host, options.port, f"engine{'s' * (len(urls) > 1)} {engines}")
-                run_gateway(app, options.host, options.port)
+                port = listener.getsockname()[1]
+                announce(options.host, port, f"engine{'s' * (len(urls) > 1)} {engines}")
+                run_gateway(app, listener)
     except KeyboardInterrupt:
         pass
     return 0

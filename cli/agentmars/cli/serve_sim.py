@@ -13,6 +13,7 @@ SIGINT or SIGTERM stops the gateway, then the engine.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,8 +85,9 @@ def live_engine(options: SimServeOptions, hub: EventHub) -> LiveEngine:
         raise SimServeError(str(exc)) from None
 
 
-def serve_sim(options: SimServeOptions) -> int:
-    """Serve until SIGINT or SIGTERM; 0 once everything has stopped."""
+def serve_sim(options: SimServeOptions, listener: socket.socket) -> int:
+    """Serve until SIGINT or SIGTERM on ``listener`` (bound to the options' host and
+    port); 0 once everything has stopped."""
     hub = EventHub()
     engine = live_engine(options, hub)
     stop_on_sigterm()
@@ -105,10 +107,10 @@ def serve_sim(options: SimServeOptions) -> int:
             app.state.gateway.hub.subscribe(engine.observe_threadsafe)
             announce(
                 options.host,
-                options.port,
+                listener.getsockname()[1],
                 f"simulated engine ({engine.profile.name}, policy {options.policy}) {engine_url}",
             )
-            run_gateway(app, options.host, options.port)
+            run_gateway(app, listener)
     except KeyboardInterrupt:
         pass
     return 0

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ from agentmars.server.web.ingest import (
     ingest_router,
     install_error_handlers,
 )
+from agentmars.server.web.serving import CannotListen, listening_socket
 
 log = logging.getLogger("agentmars.server")
 ADMISSION_PASS_S = 0.1
@@ -599,12 +601,14 @@ def body_limit(path: str) -> int:
     return DEFAULT_MAX_BODY_BYTES if path == EVENTS_PATH else MAX_BODY_BYTES
 
 
-def run_gateway(app: FastAPI, host: str, port: int) -> None:
-    """Serve a gateway app with uvicorn until SIGINT or SIGTERM (a ``guarded_server``:
-    slow clients time out); open event streams end when it stops."""
+def run_gateway(app: FastAPI, listener: socket.socket) -> None:
+    """Serve a gateway app with uvicorn on ``listener`` (``listening_socket``) until
+    SIGINT or SIGTERM (a ``guarded_server``: slow clients time out); open event streams
+    end when it stops."""
+    host, port = listener.getsockname()[:2]
     server = guarded_server(app, host=host, port=port)
     app.state.gateway.stopping = lambda: server.should_exit
-    server.run()
+    server.run(sockets=[listener])
 
 
 TOKEN_ENV = "AGENTMARS_GATEWAY_TOKEN"
@@ -654,7 +658,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         app = create_gateway_app(config)
     except ValueError as exc:  # an unknown policy, a bad token: say which
         parser.error(str(exc))
-    run_gateway(app, args.host, args.port)
+    try:
+        listener = listening_socket(args.host, args.port)
+    except CannotListen as exc:
+        parser.error(f"cannot listen on {args.host}:{args.port}: {exc}")
+    run_gateway(app, listener)
 
 
 if __name__ == "__main__":

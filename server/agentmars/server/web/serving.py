@@ -66,21 +66,30 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def cannot_listen(host: str, port: int) -> str | None:
-    """Why a server could not listen on ``host:port`` now (the port in use, the address
-    not this machine's), or None. Binds as uvicorn does (``SO_REUSEADDR``), so a port
-    left in TIME_WAIT counts as free."""
+class CannotListen(OSError):
+    """A server could not listen where it was asked to; the message says why."""
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` and listening, for a server to take over
+    (uvicorn's ``sockets=``). Binding before anything slow starts (vLLM takes a minute)
+    refuses a busy port at once and holds the port meanwhile, so nothing started later
+    (vLLM's own ports are any free ones) can take it. Binds as uvicorn does
+    (``SO_REUSEADDR``), so a port left in TIME_WAIT counts as free."""
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except socket.gaierror as error:
-        return f"cannot resolve {host!r} ({error.strerror})"
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            return error.strerror or str(error)
-    return None
+        raise CannotListen(f"cannot resolve {host!r} ({error.strerror})") from None
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(2048)  # uvicorn's default backlog
+    except OSError as error:
+        listener.close()
+        raise CannotListen(error.strerror or str(error)) from None
+    listener.set_inheritable(False)
+    return listener
 
 
 def free_loopback_port() -> int:

@@ -187,7 +187,7 @@ def test_every_policy_serves_behind_the_gateway(
     name: str, serve: Served, vllm_python: Path
 ) -> None:
     half = make_policy(name).engine()
-    wait_for(serve.gateway + "/healthz", serve.process, timeout_s=600)
+    wait_for(serve.gateway + "/healthz", serve.process, timeout_s=600, stderr=serve.stderr)
     vocab_size = model_vocab_size(tiny_model_made_by(vllm_python))
     with (
         httpx.Client(base_url=serve.gateway, timeout=120.0) as client,

@@ -77,22 +77,19 @@ class SessionBook:
 class RequestCall:
     """One vLLM ``Request`` as a ``CallView``."""
 
-    __slots__ = ("_book", "_xargs", "request", "session_arrival_s", "session_id")
+    __slots__ = ("_book", "_xargs", "call_id", "request", "session_arrival_s", "session_id")
 
     def __init__(self, request: Any, book: SessionBook) -> None:
         self.request = request
         self._book = book
         self._xargs = _xargs(request)
-        # Read once (a view lives as long as its request): policies' priorities ask for
-        # both at every step.
+        # Read once (a view lives as long as its request): policies ask for these at
+        # every step (MARS's chunk compares call ids for every prefill).
+        named = self._xargs.get("call_id")
+        # The SDK's and the gateway's id of the call, when the gateway forwarded it.
+        self.call_id: str = str(named) if named else str(request.request_id)
         self.session_id: str = _named_session(self._xargs, request) or self.call_id
         self.session_arrival_s: float = book.session_arrival(self.session_id, self.arrival_s)
-
-    @property
-    def call_id(self) -> str:
-        # The SDK's and the gateway's id of the call, when the gateway forwarded it.
-        named = self._xargs.get("call_id")
-        return str(named) if named else str(self.request.request_id)
 
     @property
     def turn(self) -> int:
