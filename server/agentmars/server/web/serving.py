@@ -88,7 +88,6 @@ def listening_socket(host: str, port: int) -> socket.socket:
     except OSError as error:
         listener.close()
         raise CannotListen(error.strerror or str(error)) from None
-    listener.set_inheritable(False)
     return listener
 
 

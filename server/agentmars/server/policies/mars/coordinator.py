@@ -49,10 +49,9 @@ class PriorityAwareCoordinator:
     def on_event(self, event: AnyEvent) -> None:
         if isinstance(event, LLMEnd) and event.status == "ok":
             computed = (event.prompt_tokens or 0) - (event.cached_tokens or 0)
-            window = self._service[event.session_id]
-            window.append(computed + (event.output_tokens or 0))
+            self._service[event.session_id].append(computed + (event.output_tokens or 0))
             self._service_levels[event.session_id] = doublings(
-                sum(window), self.settings.quantum_tokens
+                self.attained_tokens(event.session_id), self.settings.quantum_tokens
             )
         elif isinstance(event, SessionEnd):
             self._service.pop(event.session_id, None)
