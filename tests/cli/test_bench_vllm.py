@@ -103,6 +103,35 @@ def test_bench_plugin_prints_and_writes_the_figures(
 
 
 @pytest.mark.slow
+def test_bench_plugin_counts_instructions_under_callgrind(
+    vllm_python: Path,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "instructions.json"
+    done = _run(
+        "plugin", "--vllm-python", str(vllm_python), "--instructions", "--sessions", "2",
+        "--turns", "2", "--kv-blocks", "128", "--json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(out.read_text())
+    runs = figures["schedulers"]
+    assert list(runs) == ["stock", "fcfs", "continuum", "mars"]
+    # The same calls finished under every scheduler, each in a step or more, and only
+    # schedule() was collected: millions of instructions, not vLLM's import's billions.
+    assert figures["same_tokens"] is True
+    for run in runs.values():
+        assert run["steps"] >= 4
+        assert 10**5 < run["instructions_per_step"] < 10**8
+    for name, ratio in figures["instructions_ratio_to_stock"].items():
+        per_step = runs[name]["instructions_per_step"] / runs["stock"]["instructions_per_step"]
+        assert ratio == pytest.approx(per_step)
+    assert figures["passed"] == all(
+        r <= 1.10 for r in figures["instructions_ratio_to_stock"].values()
+    )
+    assert "schedule() instructions" in done.stdout and "x per step" in done.stdout
+
+
+@pytest.mark.slow
 def test_bench_plugin_reports_the_harness_refusal(
     vllm_python: Path,  # noqa: F811  (the fixture imported above)
 ) -> None:

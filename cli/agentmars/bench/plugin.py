@@ -5,11 +5,18 @@ at most 10% more), measured in the vLLM environment by
 vLLM's real V1 scheduler and the plugin's are driven over the same synthetic queue of
 agent calls; only the model's output is made up (see that module). This process
 imports no vLLM: it runs the measurement with the vLLM environment's python.
+
+Two measures: the time of each ``schedule()`` call (``run``), and, with
+``--instructions``, the instructions each executes, counted by valgrind's callgrind
+(``count``): a figure the machine's load does not move, where the timed ratio's spread
+on a shared VM is larger than the target's margin (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -18,7 +25,8 @@ from typing import Any
 
 from rich.table import Table
 
-from agentmars.bench.report import publish, verdict
+from agentmars.bench.report import ProgressFn, progress_bars, publish, verdict
+from agentmars.sandbox.backends.sandbox_init import build_program
 
 TARGET_RATIO = 1.10
 """Issue 5's target on the cost of a schedule() call, the mean (the time it adds per
@@ -46,6 +54,11 @@ class PluginBenchOptions:
             MODULE,
             "--json",
             str(json_path),
+            *self.queue_args(),
+        ]
+
+    def queue_args(self) -> list[str]:
+        return [
             "--sessions",
             str(self.sessions),
             "--turns",
@@ -130,3 +143,136 @@ def run(options: PluginBenchOptions, json_out: Path | None) -> dict[str, Any]:
         r["paired"] <= TARGET_RATIO for r in figures["schedule_ratio_to_stock"].values()
     )
     return publish(table(figures), figures, json_out)
+
+
+# --- instructions (valgrind's callgrind) ---------------------------------------------
+
+SCHEDULERS = ("stock", "fcfs", "continuum", "mars")
+"""Stock vLLM, then the plugin with each policy (``bench_schedule``'s names)."""
+TOGGLE_SOURCE = Path(__file__).with_name("callgrind_toggle.c")
+NEEDED = "install valgrind and gcc (Debian packages; see scripts/apt-packages.txt)"
+CALLGRIND_TIMEOUT_S = 3600.0
+"""vLLM's import and every scheduler's two passes under callgrind (about fifty times a
+native run's time)."""
+_TOTALS = re.compile(r"^(?:totals|summary):\s+(\d+)", re.MULTILINE)
+_TRIGGER = re.compile(r"^desc: Trigger: Client Request: (\S+)$", re.MULTILINE)
+
+
+def toggle_library() -> Path:
+    """The shared library whose one function turns callgrind's collection on and off,
+    built on first use (and cached by its source's hash)."""
+    try:
+        return build_program(
+            TOGGLE_SOURCE,
+            "libcallgrind-toggle.so",
+            "cc",
+            what="callgrind toggle",
+            needed=NEEDED,
+            flags=("-O2", "-shared", "-fPIC", "-Wall"),
+        )
+    except Exception as exc:  # SandboxError: no compiler or no valgrind headers
+        raise RuntimeError(str(exc)) from None
+
+
+def callgrind_total(output: str) -> int:
+    """The instructions (Ir) a callgrind output file counts in all."""
+    found = _TOTALS.search(output)
+    if found is None or int(found.group(1)) == 0:
+        raise RuntimeError("callgrind counted nothing: the toggles around schedule() did not run")
+    return int(found.group(1))
+
+
+def callgrind_dumps(folder: Path, prefix: str) -> dict[str, int]:
+    """The instructions of each dump callgrind wrote under ``folder`` (``prefix``.N),
+    by the name its client request gave it."""
+    counts = {}
+    for dump in sorted(folder.glob(prefix + ".*")):
+        text = dump.read_text(encoding="utf-8")
+        named = _TRIGGER.search(text)
+        if named is not None:
+            counts[named.group(1)] = callgrind_total(text)
+    return counts
+
+
+def count(options: PluginBenchOptions, progress: ProgressFn) -> dict[str, Any]:
+    """Every scheduler's instructions in ``schedule()`` over the queue (one process
+    under callgrind, ``bench_schedule.count``), and each policy's per step over stock
+    vLLM's."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise RuntimeError(f"valgrind is not installed; {NEEDED}")
+    toggle = toggle_library()
+    with tempfile.TemporaryDirectory(prefix="agentmars-bench-plugin-") as name:
+        folder = Path(name)
+        argv = [
+            valgrind, "--tool=callgrind", "--collect-atstart=no",
+            f"--callgrind-out-file={folder / 'schedule'}",
+            str(options.vllm_python), "-m", MODULE, "--count-with", str(toggle),
+            "--json", str(folder / "runs.json"), *options.queue_args(),
+        ]  # fmt: skip
+        progress("the schedulers under callgrind", 0, 1)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=CALLGRIND_TIMEOUT_S, check=False
+        )
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+            raise RuntimeError(f"{MODULE} under callgrind failed (exit {done.returncode}):\n{tail}")
+        progress("the schedulers under callgrind", 1, 1)
+        runs: dict[str, dict[str, Any]] = json.loads((folder / "runs.json").read_text())
+        counts = callgrind_dumps(folder, "schedule")
+    missing = [scheduler for scheduler in SCHEDULERS if scheduler not in counts]
+    if missing:
+        raise RuntimeError(f"callgrind wrote no dump for {', '.join(missing)}")
+    tokens = {scheduler: run.pop("output_tokens") for scheduler, run in runs.items()}
+    for scheduler, run in runs.items():
+        run["instructions"] = counts[scheduler]
+        run["instructions_per_step"] = counts[scheduler] / max(run["steps"], 1)
+    stock = runs["stock"]["instructions_per_step"]
+    return {
+        "queue": {"sessions": options.sessions, "turns": options.turns, "seed": options.seed},
+        "kv_blocks": options.kv_blocks,
+        "schedulers": runs,
+        "instructions_ratio_to_stock": {
+            scheduler: runs[scheduler]["instructions_per_step"] / stock
+            for scheduler in SCHEDULERS[1:]
+        },
+        "same_tokens": all(tokens[scheduler] == tokens["stock"] for scheduler in tokens),
+    }
+
+
+def instructions_table(figures: dict[str, Any]) -> Table:
+    queue = figures["queue"]
+    result = Table(
+        title=(
+            f"schedule() instructions: {queue['sessions'] * queue['turns']} calls "
+            f"({queue['sessions']} sessions x {queue['turns']} turns), callgrind, a virtual "
+            f"clock; target x per step <= {TARGET_RATIO:.2f}"
+        ),
+        caption="Every call generated the same tokens under each scheduler."
+        if figures["same_tokens"]
+        else "[red]The schedulers' calls generated different token counts.[/red]",
+    )
+    for column in ("scheduler", "steps", "instructions", "per step", "x per step", "result"):
+        result.add_column(column, justify="right")
+    ratios = figures["instructions_ratio_to_stock"]
+    for name, row in figures["schedulers"].items():
+        ratio = ratios.get(name, 1.0)
+        result.add_row(
+            "vLLM" if name == "stock" else name,
+            str(row["steps"]),
+            f"{row['instructions']:,}",
+            f"{row['instructions_per_step']:,.0f}",
+            f"{ratio:.3f}",
+            "" if name == "stock" else verdict(ratio <= TARGET_RATIO),
+        )
+    return result
+
+
+def run_count(options: PluginBenchOptions, json_out: Path | None) -> dict[str, Any]:
+    """Count, print the table, write the figures as JSON when asked."""
+    with progress_bars() as progress:
+        figures = count(options, progress)
+    figures["target_ratio"] = TARGET_RATIO
+    ratios = figures["instructions_ratio_to_stock"].values()
+    figures["passed"] = all(ratio <= TARGET_RATIO for ratio in ratios)
+    return publish(instructions_table(figures), figures, json_out)

@@ -241,16 +241,24 @@ def bench_plugin(
     reps: Annotated[int, typer.Option(min=1, help="Runs of each scheduler.")] = 10,
     kv_blocks: Annotated[int, typer.Option(min=16, help="KV blocks of 16 tokens.")] = 1024,
     seed: Annotated[int, typer.Option(help="Seed of the queue.")] = 0,
+    instructions: Annotated[
+        bool,
+        typer.Option(
+            help="Count schedule()'s instructions under valgrind's callgrind, one run of "
+            "each scheduler on a virtual clock, instead of timing it (--reps unused)."
+        ),
+    ] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
 ) -> None:
     """Cost of the plugin's schedule() against stock vLLM's on the same synthetic queue
     (target <= 10% more); vLLM's real scheduler, no model."""
-    from agentmars.bench.plugin import PluginBenchOptions, run
+    from agentmars.bench.plugin import PluginBenchOptions, run, run_count
     from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
 
     try:
         python = find_vllm_python(vllm_python)
-        run(PluginBenchOptions(python, sessions, turns, reps, kv_blocks, seed), json_out)
+        options = PluginBenchOptions(python, sessions, turns, reps, kv_blocks, seed)
+        (run_count if instructions else run)(options, json_out)
     except (BenchSetupError, RuntimeError) as exc:  # RuntimeError: the measurement failed
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

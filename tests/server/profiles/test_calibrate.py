@@ -260,6 +260,24 @@ def test_the_operating_point_recording_fits_and_is_the_shipped_cpu_tiny_avx2() -
     assert (shipped.num_gpu_blocks, shipped.max_model_len) == (64, 4096)
 
 
+def test_the_amx_hosts_recording_fits_and_is_the_shipped_cpu_tiny_amx() -> None:
+    """tests/server/profiles/data/cpu-tiny-amx-recording.json: the calibration the
+    OpenHands evaluation made on the project's 2026-11-28 machine (an Intel Xeon with
+    AVX-512 and AMX; docs/openhands.md, "Evaluation"), where prefill is 41 times
+    faster than on the AVX2 host of ``cpu-tiny-avx2``."""
+    recording = Recording.model_validate_json((DATA / "cpu-tiny-amx-recording.json").read_text())
+    assert recording.host is not None and "amx_bf16" in recording.host
+    fit = fit_recording(recording)
+    assert fit.r_squared > 0.99
+    assert set(fit.errors) == {"prefill", "decode", "batch", "mixed", "resume"}
+    shipped = load_profile("cpu-tiny-amx")
+    assert_same_fit(shipped.cost, fit.cost)
+    assert shipped.request_overhead_s == pytest.approx(fit.request_overhead_s, rel=1e-9)
+    assert recording.host in shipped.description
+    assert shipped.cost.c1 * 40 < load_profile("cpu-tiny-avx2").cost.c1
+    assert (shipped.num_gpu_blocks, shipped.max_model_len) == (320, 32768)
+
+
 def test_every_probe_of_the_recording_gives_equations() -> None:
     recording = Recording.model_validate_json((DATA / "paced-engine-recording.json").read_text())
     kinds = {row.kind for row in recording_rows(recording)}

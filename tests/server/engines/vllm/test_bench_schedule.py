@@ -13,7 +13,9 @@ import pytest
 from agentmars.server.engines.vllm.bench_schedule import (
     VOCAB,
     QueueShape,
+    VirtualClock,
     build_sessions,
+    main,
     synthetic_token,
 )
 
@@ -61,6 +63,28 @@ def test_sampled_tokens_are_in_the_vocabulary_and_fixed_by_position() -> None:
 def test_a_bad_queue_shape_is_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field if field in ("output", "tool_result") else "one"):
         QueueShape(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_callgrind_run_names_a_missing_library(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-such.so"
+    with pytest.raises(SystemExit) as exited:
+        main(["--count-with", str(missing)])
+    assert exited.value.code == 2
+    assert f"--count-with: no library at {missing}" in capsys.readouterr().err
+
+
+def test_the_virtual_clock_moves_only_when_advanced(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    # Put the real clocks back after the test: the clock replaces them process-wide.
+    monkeypatch.setattr(time, "time", time.time)
+    monkeypatch.setattr(time, "monotonic", time.monotonic)
+    clock = VirtualClock(start_s=100.0)
+    assert time.time() == time.monotonic() == 100.0
+    clock.advance(0.25)
+    assert time.time() == time.monotonic() == 100.25
 
 
 @pytest.mark.slow

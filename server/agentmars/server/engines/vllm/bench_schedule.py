@@ -347,6 +347,19 @@ def drive(scheduler: Any, name: str, sessions: list[list[CallSpec]], block_size:
 # --- the comparison -----------------------------------------------------------------
 
 
+def drive_without_gc(
+    scheduler: Any, name: str, sessions: list[list[CallSpec]], engine: SchedulerShape
+) -> RunResult:
+    """``drive`` with garbage collection off: a collection in the middle of one run
+    would land on one scheduler only."""
+    gc.collect()
+    gc.disable()
+    try:
+        return drive(scheduler, name, sessions, engine.block_size)
+    finally:
+        gc.enable()
+
+
 def _summary(samples_ns: list[int]) -> dict[str, float]:
     return {
         "p50_us": statistics.median(samples_ns) / 1000,
@@ -363,6 +376,15 @@ def _rounds(names: Sequence[str], reps: int) -> Iterator[str]:
         yield from [*names[shift:], *names[:shift]]
 
 
+def check_fits(queue: QueueShape, engine: SchedulerShape) -> None:
+    """A session's longest context must fit the KV blocks, or its last call never runs."""
+    if queue.max_context > engine.kv_blocks * engine.block_size:
+        raise ValueError(
+            f"a session's context can reach {queue.max_context} tokens, more than "
+            f"{engine.kv_blocks} KV blocks hold: give more blocks or fewer turns"
+        )
+
+
 def compare(
     model: Path,
     queue: QueueShape,
@@ -372,11 +394,7 @@ def compare(
 ) -> dict[str, Any]:
     """Run stock vLLM and the plugin (each policy) over the same queue ``reps`` times
     each, alternating; per scheduler the pooled per-call figures and the ratios."""
-    if queue.max_context > engine.kv_blocks * engine.block_size:
-        raise ValueError(
-            f"a session's context can reach {queue.max_context} tokens, more than "
-            f"{engine.kv_blocks} KV blocks hold: give more blocks or fewer turns"
-        )
+    check_fits(queue, engine)
     sessions = build_sessions(queue)
     names = [STOCK, *PLUGIN_POLICIES]
     pooled: dict[str, dict[str, list[int]]] = {n: {"schedule": [], "update": []} for n in names}
@@ -393,14 +411,7 @@ def compare(
         warm = drive(scheduler, name, sessions, engine.block_size)
         lookups[name] = counter.figures(len(warm.schedule_ns))
     for name in _rounds(names, reps):
-        scheduler = make_scheduler(name, model, engine)
-        # A collection in the middle of one run would land on one scheduler only.
-        gc.collect()
-        gc.disable()
-        try:
-            result = drive(scheduler, name, sessions, engine.block_size)
-        finally:
-            gc.enable()
+        result = drive_without_gc(make_scheduler(name, model, engine), name, sessions, engine)
         pooled[name]["schedule"] += result.schedule_ns
         run_means[name].append(statistics.fmean(result.schedule_ns))
         pooled[name]["update"] += result.update_ns
@@ -464,6 +475,76 @@ def _report(
     }
 
 
+# --- instruction counts (run under callgrind) -----------------------------------------
+
+NATIVE_STEP_S = 0.0008
+"""What the virtual clock advances at each ``schedule()`` when instructions are
+counted: about a native step of this queue. Under callgrind a step takes fifty times
+as long, and decisions that read the clock (MARS's promotion by waiting time, the
+pins' review) would differ from a native run's and from one scheduler to another."""
+
+
+class VirtualClock:
+    """``time.time`` and ``time.monotonic`` made to move only when ``advance`` is
+    called: the runs whose instructions are counted are then the same, step for step,
+    whatever the machine's load or valgrind's slowdown."""
+
+    def __init__(self, start_s: float = 1_000_000.0) -> None:
+        self.now_s = start_s
+        time.time = self.read
+        time.monotonic = self.read
+
+    def read(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+def count(
+    model: Path, queue: QueueShape, engine: SchedulerShape, toggle_lib: Path
+) -> dict[str, Any]:
+    """Stock vLLM and the plugin with each policy, one after the other in this process,
+    with callgrind collecting inside their ``schedule()`` calls only: ``toggle_lib``'s
+    ``agentmars_toggle_collect`` (a callgrind client request, nothing outside valgrind)
+    turns collection on as a call starts and off as it returns, and
+    ``agentmars_dump_stats`` writes what each scheduler's pass collected to a dump named
+    after it. Before its counted pass each scheduler runs the queue once uncollected,
+    to warm its code paths as the timed comparison does. One process, so vLLM is
+    imported under valgrind once (minutes), not once per scheduler. Per scheduler its
+    steps, preemptions and the tokens each call generated."""
+    import ctypes
+
+    check_fits(queue, engine)
+    library = ctypes.CDLL(str(toggle_lib))
+    toggle, dump = library.agentmars_toggle_collect, library.agentmars_dump_stats
+    clock = VirtualClock()
+    sessions = build_sessions(queue)
+    runs = {}
+    for name in (STOCK, *PLUGIN_POLICIES):
+        drive(make_scheduler(name, model, engine), name, sessions, engine.block_size)
+        scheduler = make_scheduler(name, model, engine)
+        schedule = scheduler.schedule
+
+        def collected(schedule: Callable[[], Any] = schedule) -> Any:
+            clock.advance(NATIVE_STEP_S)
+            toggle()
+            try:
+                return schedule()
+            finally:
+                toggle()
+
+        scheduler.schedule = collected
+        result = drive_without_gc(scheduler, name, sessions, engine)
+        dump(name.encode())
+        runs[name] = {
+            "steps": len(result.schedule_ns),
+            "preemptions": result.preemptions,
+            "output_tokens": result.output_tokens,
+        }
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: run the comparison and write its figures as JSON."""
     from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
@@ -478,7 +559,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=10, help="runs of each scheduler")
     parser.add_argument("--kv-blocks", type=int, default=SchedulerShape.kv_blocks)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--count-with",
+        type=Path,
+        metavar="TOGGLE_LIB",
+        help="run each scheduler once for callgrind, with this library's client requests "
+        "(count; agentmars bench plugin --instructions runs it under valgrind)",
+    )
     args = parser.parse_args(argv)
+    if args.count_with is not None and not args.count_with.is_file():
+        parser.error(f"--count-with: no library at {args.count_with}")
     try:
         queue = QueueShape(sessions=args.sessions, turns=args.turns, seed=args.seed)
         engine = SchedulerShape(kv_blocks=args.kv_blocks)
@@ -487,9 +577,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     try:
-        figures = compare(
-            ensure_tiny_model(), queue, engine, args.reps, lambda line: print(line, file=sys.stderr)
-        )
+        if args.count_with is not None:
+            figures = count(ensure_tiny_model(), queue, engine, args.count_with)
+        else:
+            figures = compare(
+                ensure_tiny_model(),
+                queue,
+                engine,
+                args.reps,
+                lambda line: print(line, file=sys.stderr),
+            )
     except ValueError as error:
         parser.error(str(error))
     text = json.dumps(figures, indent=2) + "\n"

@@ -17,20 +17,16 @@ coordinator's order made real on the step's token budget and the free KV blocks.
   Pins carry no TTL: the review drops them.
 
 The prefill time comes from the engine's cost model when it has one
-(``Capability.COSTS``), else from the stream: the ``prefill_quantile`` of recent
-calls' TTFT per uncached prompt token (NOTE: ours — the low quantile leaves out calls
-that queued before their first token).
+(``Capability.COSTS``), else from the stream (``kv_value.PrefillEstimate``).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
-import numpy as np
-
-from agentmars.sdk.events import AnyEvent, CallEvent, LLMEnd, LLMFirstToken, SessionEnd
+from agentmars.sdk.events import AnyEvent, SessionEnd
 from agentmars.server.policies.interface import KVDecision, Pin, Release, SessionAction
+from agentmars.server.policies.mars.kv_value import PrefillEstimate, keeping_pays
 from agentmars.server.policies.mars.settings import MarsSettings
 from agentmars.server.policies.views import CallView, EngineView, PinView, growth_blocks
 
@@ -62,32 +58,6 @@ def kv_pressure(view: EngineView, settings: MarsSettings) -> float:
     used = 1 - view.free_blocks / view.total_blocks
     span = settings.pressure_high - settings.pressure_low
     return min(max((used - settings.pressure_low) / span, 0.0), 1.0)
-
-
-class PrefillEstimate:
-    """Seconds per uncached prompt token, learned from the stream."""
-
-    def __init__(self, settings: MarsSettings) -> None:
-        self.settings = settings
-        self._rates: deque[float] = deque(maxlen=settings.prefill_samples)
-        self._ttft: dict[tuple[str, str], float] = {}
-
-    def observe(self, event: AnyEvent) -> None:
-        if isinstance(event, LLMFirstToken):
-            self._ttft[_key(event)] = event.ttft_s
-        elif isinstance(event, LLMEnd):
-            ttft = self._ttft.pop(_key(event), None)
-            uncached = (event.prompt_tokens or 0) - (event.cached_tokens or 0)
-            if ttft is not None and uncached > 0 and event.status == "ok":
-                self._rates.append(ttft / uncached)
-        elif isinstance(event, SessionEnd):
-            for key in [key for key in self._ttft if key[0] == event.session_id]:
-                del self._ttft[key]
-
-    def seconds_per_token(self) -> float | None:
-        if not self._rates:
-            return None
-        return float(np.quantile(np.fromiter(self._rates, float), self.settings.prefill_quantile))
 
 
 class OpportunisticCoScheduler:
@@ -184,11 +154,8 @@ class OpportunisticCoScheduler:
         pressure: float,
     ) -> bool:
         share = blocks / view.total_blocks if view.total_blocks else 1.0
-        cost = pressure * share * self.remaining_s(tool, elapsed_s, view)
-        if cost == 0:
-            return True
-        benefit = self.recompute_s(tokens, view)
-        return benefit is not None and benefit > cost
+        holding_s = self.remaining_s(tool, elapsed_s, view)
+        return keeping_pays(lambda: self.recompute_s(tokens, view), share, holding_s, pressure)
 
     def remaining_s(self, tool: str | None, elapsed_s: float, view: EngineView) -> float:
         emas = view.tool_ema_s
@@ -220,7 +187,3 @@ class OpportunisticCoScheduler:
                 actions.append(SessionAction("unpin", pin.session_id))
                 self._tool_of.pop(pin.session_id, None)
         return actions
-
-
-def _key(event: CallEvent) -> tuple[str, str]:
-    return (event.session_id, event.call_id)

@@ -24,6 +24,7 @@ from agentmars.sdk.events import AnyEvent, LLMEnd, LLMSubmit, SessionEnd, ToolEn
 from agentmars.sdk.tool_stats import ToolDurations
 from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.interface import AdmissionHalf
+from agentmars.server.policies.mars.kv_value import KeepingRegime
 from agentmars.server.policies.mars.pack_queue import pack_mode, pack_queue, tool_rank
 from agentmars.server.policies.mars.settings import MarsSettings
 from agentmars.server.policies.mars.window import (
@@ -57,10 +58,16 @@ class MarsControlPlane(AdmissionHalf):
         """Each admitted session's newest projected KV, in blocks."""
         self.working_set = 0
         """The admitted sessions' projected KV together, in blocks."""
+        self._parked: set[str] = set()
+        """Admitted sessions between two calls (their tool runs)."""
+        self.parked_blocks = 0
+        """Their part of the working set."""
+        self._keeping = KeepingRegime(settings)
         self._cpu_overloaded = False
         self._block_size = 1
 
     def on_event(self, event: AnyEvent) -> None:
+        self._keeping.observe(event)
         if isinstance(event, ToolEnd):
             self._durations.record(ALL_TOOLS, event.duration_s)
             # A tool whose CPU time is not reported is taken to keep a core busy.
@@ -70,19 +77,41 @@ class MarsControlPlane(AdmissionHalf):
             self._durations.record("llm", event.duration_s)
             tokens = (event.prompt_tokens or 0) + (event.output_tokens or 0)
             self._project(event.session_id, tokens)
-        elif isinstance(event, LLMSubmit) and event.projected_prompt_tokens is not None:
-            tokens = event.projected_prompt_tokens + (event.max_tokens or 0)
-            self._project(event.session_id, tokens)
+            self._park(event.session_id, True)
+        elif isinstance(event, LLMSubmit):
+            self._park(event.session_id, False)
+            if event.projected_prompt_tokens is not None:
+                tokens = event.projected_prompt_tokens + (event.max_tokens or 0)
+                self._project(event.session_id, tokens)
         elif isinstance(event, SessionEnd):
+            self._park(event.session_id, False)
             self.working_set -= self._footprint.pop(event.session_id, 0)
 
     def _project(self, session_id: str, tokens: int) -> None:
         """The session's projected KV (gpu_submit's projection, gpu_end's actual);
         only admitted sessions count."""
         if session_id in self._footprint:
-            blocks = -(-tokens // self._block_size)
-            self.working_set += blocks - self._footprint[session_id]
-            self._footprint[session_id] = blocks
+            self._set_footprint(session_id, -(-tokens // self._block_size))
+
+    def _set_footprint(self, session_id: str, blocks: int) -> None:
+        change = blocks - self._footprint.get(session_id, 0)
+        self.working_set += change
+        if session_id in self._parked:
+            self.parked_blocks += change
+        self._footprint[session_id] = blocks
+
+    def _park(self, session_id: str, parked: bool) -> None:
+        """An admitted session's call ended (parked: its tool runs) or its next one
+        came (or it ended)."""
+        if session_id not in self._footprint or parked == (session_id in self._parked):
+            return
+        blocks = self._footprint[session_id]
+        if parked:
+            self._parked.add(session_id)
+            self.parked_blocks += blocks
+        else:
+            self._parked.remove(session_id)
+            self.parked_blocks -= blocks
 
     # --- the telemetry --------------------------------------------------------------------
 
@@ -102,23 +131,39 @@ class MarsControlPlane(AdmissionHalf):
     def pressure(self, view: AdmissionView) -> Pressure:
         """KV usage is the larger of what the running calls hold now (pins yield
         before any preemption, so they do not count) and the admitted sessions'
-        projected KV: sessions in a tool hold no blocks, but their contexts come back,
-        and admitting past the pool evicts them (NOTE: ours — the cached prefix of a
-        session in a tool counts as free in the engine's figures, so those alone miss
-        the churn seed 000 Fig. 3 shows)."""
+        resident KV (``resident_blocks``)."""
         kv = view.kv
         usage = None
         if kv is not None and kv.total_blocks:
             held = (kv.used_blocks - kv.pinned_blocks) / kv.total_blocks
-            usage = max(held, self.working_set / kv.total_blocks)
+            usage = max(held, self.resident_blocks(view) / kv.total_blocks)
         return Pressure(self.cpu_overloaded(view), usage)
 
+    def resident_blocks(self, view: AdmissionView) -> int:
+        """The KV the admitted sessions hold, projected: the working set, less the
+        sessions parked in a tool when keeping their KV does not pay
+        (``kv_value.KeepingRegime``).
+
+        A session in a tool holds no blocks, but its context comes back, and admitting
+        past the pool evicts it (NOTE: ours — the cached prefix of a session in a tool
+        counts as free in the engine's figures, so those alone miss the churn seed 000
+        Fig. 3 shows). That churn costs a resume's prefill: dear on a long context and
+        a slow engine, cheap on a short one and a fast engine, where counting the
+        parked sessions anyway held sessions at the gateway while the engine had the
+        time to recompute the contexts they would evict (docs/results/mars.md)."""
+        kv = view.kv
+        if self.parked_blocks == 0 or kv is None:
+            return self.working_set
+        if self._keeping.keeping_pays(kv.total_blocks * view.block_size):
+            return self.working_set
+        return self.working_set - self.parked_blocks
+
     def available_blocks(self, view: AdmissionView) -> int | None:
-        """The pool less the admitted sessions' projected KV (None: no figures)."""
+        """The pool less the admitted sessions' resident KV (None: no figures)."""
         kv = view.kv
         if kv is None:
             return None
-        return max(kv.total_blocks - self.working_set, 0)
+        return max(kv.total_blocks - self.resident_blocks(view), 0)
 
     # --- BalanceAndAdmit ------------------------------------------------------------------
 
@@ -133,9 +178,7 @@ class MarsControlPlane(AdmissionHalf):
             return ()
         admitted = packed[: int(min(slots, len(packed)))]
         for session in admitted:
-            need = view.blocks_for(session.prompt_tokens)
-            self.working_set += need - self._footprint.get(session.session_id, 0)
-            self._footprint[session.session_id] = need
+            self._set_footprint(session.session_id, view.blocks_for(session.prompt_tokens))
         return admitted
 
     def pack(

@@ -14,7 +14,7 @@ from agentmars.server.policies.registry import require_positive_numbers
 
 INTEGER_SETTINGS = (
     "aimd_alpha", "min_window", "max_window", "overload_intervals", "levels", "quantum_tokens",
-    "service_window_calls", "max_promotion", "prefill_samples",
+    "service_window_calls", "max_promotion", "prefill_samples", "regime_tool_samples",
 )  # fmt: skip
 FRACTION_SETTINGS = (
     "aimd_beta", "kv_overload_usage", "kv_slack_usage", "kv_soft_cap_start",
@@ -106,6 +106,11 @@ class MarsSettings:
     recent calls (their TTFT over their uncached prompt tokens)."""
     prefill_quantile: float = 0.1
     """... taking this quantile of them, so calls that queued do not count (ours)."""
+    regime_tool_samples: int = 128
+    """Whether the admission half counts the sessions parked in a tool is judged on the
+    mean duration of this many recent tools (``kv_value.KeepingRegime``; ours: as many
+    as the prefill rate's samples, a horizon that judges the engine's regime, not the
+    next call)."""
 
     def __post_init__(self) -> None:
         require_positive_numbers(self)

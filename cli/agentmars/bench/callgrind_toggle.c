@@ -1,0 +1,8 @@
+/* Callgrind's client requests for agentmars bench plugin --instructions (outside
+ * valgrind they do nothing): collection on or off around each schedule(), and a dump
+ * of what was collected since the last, named after the scheduler that ran. */
+#include <valgrind/callgrind.h>
+
+void agentmars_toggle_collect(void) { CALLGRIND_TOGGLE_COLLECT; }
+
+void agentmars_dump_stats(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
