@@ -60,13 +60,16 @@ def test_a_run_that_collected_nothing_is_an_error(tmp_path: Path) -> None:
 
 @needs_valgrind
 def test_each_named_dump_counts_what_its_toggles_collected(tmp_path: Path) -> None:
-    # A Python program under callgrind, as the bench runs one: work inside the toggles is
-    # counted into the dump named after it, work outside them into none.
+    # A Python program under callgrind, as the bench runs one: instrumentation started
+    # after some uninstrumented work, then work inside the toggles counted into the dump
+    # named after it, and work outside them into none.
     program = tmp_path / "program.py"
     program.write_text(
         "import ctypes, sys\n"
         "library = ctypes.CDLL(sys.argv[1])\n"
         "def work(n): return sum(i * i for i in range(n))\n"
+        "work(50000)\n"
+        "library.agentmars_start_instrumentation()\n"
         "library.agentmars_toggle_collect(); work(1000); library.agentmars_toggle_collect()\n"
         "library.agentmars_dump_stats(b'small')\n"
         "work(50000)\n"
@@ -75,7 +78,7 @@ def test_each_named_dump_counts_what_its_toggles_collected(tmp_path: Path) -> No
     )
     subprocess.run(
         [
-            "valgrind", "--tool=callgrind", "--collect-atstart=no",
+            "valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
             f"--callgrind-out-file={tmp_path / 'counts'}",
             sys.executable, str(program), str(toggle_library()),
         ],

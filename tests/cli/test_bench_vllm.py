@@ -9,8 +9,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.cli.serving import sigterm_once_vllm_starts
@@ -103,12 +105,13 @@ def test_bench_plugin_prints_and_writes_the_figures(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # vLLM's import under valgrind takes minutes
 def test_bench_plugin_counts_instructions_under_callgrind(
     vllm_python: Path,  # noqa: F811  (the fixture imported above)
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "instructions.json"
-    done = _run(
+    done = _run_bench_stopping_it_on_timeout(
         "plugin", "--vllm-python", str(vllm_python), "--instructions", "--sessions", "2",
         "--turns", "2", "--kv-blocks", "128", "--json", str(out),
     )  # fmt: skip
@@ -129,6 +132,40 @@ def test_bench_plugin_counts_instructions_under_callgrind(
         r <= 1.10 for r in figures["instructions_ratio_to_stock"].values()
     )
     assert "schedule() instructions" in done.stdout and "x per step" in done.stdout
+
+
+def _is_valgrind(process: psutil.Process) -> bool:
+    """valgrind runs as its tool's binary: its name is the tool's, its argv[0] not."""
+    try:
+        return "valgrind" in process.cmdline()[0]
+    except (psutil.Error, IndexError):  # it ended (a compiler's run, say)
+        return False
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_instruction_count_and_its_valgrind(
+    vllm_python: Path,  # noqa: F811  (the fixture imported above)
+) -> None:
+    bench = psutil.Popen(
+        [*CLI, "plugin", "--vllm-python", str(vllm_python), "--instructions"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    measured: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not measured and time.monotonic() < deadline and bench.poll() is None:
+            measured = [p for p in bench.children(recursive=True) if _is_valgrind(p)]
+            time.sleep(0.2)
+        assert measured, "valgrind did not start"
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(60) != 0
+        _, alive = psutil.wait_procs(measured, timeout=10)
+        assert alive == []
+    finally:
+        for process in [bench, *measured]:
+            if process.is_running():
+                process.kill()
 
 
 @pytest.mark.slow

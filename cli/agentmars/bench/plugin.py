@@ -27,6 +27,7 @@ from rich.table import Table
 
 from agentmars.bench.report import ProgressFn, progress_bars, publish, verdict
 from agentmars.sandbox.backends.sandbox_init import build_program
+from agentmars.server.web.serving import run_as_group
 
 TARGET_RATIO = 1.10
 """Issue 5's target on the cost of a schedule() call, the mean (the time it adds per
@@ -72,13 +73,19 @@ class PluginBenchOptions:
         ]
 
 
+def run_measurement(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """The measurement's process (and its group) to its end; a timeout is an error."""
+    try:
+        return run_as_group(argv, timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{MODULE} took over {timeout_s:.0f} s; stopped") from None
+
+
 def measure(options: PluginBenchOptions) -> dict[str, Any]:
     """Run the measurement in the vLLM environment; its figures."""
     with tempfile.TemporaryDirectory(prefix="agentmars-bench-plugin-") as folder:
         out = Path(folder) / "figures.json"
-        done = subprocess.run(
-            options.argv(out), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
-        )
+        done = run_measurement(options.argv(out), TIMEOUT_S)
         if done.returncode != 0:
             tail = "\n".join(done.stderr.strip().splitlines()[-15:])
             raise RuntimeError(f"{MODULE} failed (exit {done.returncode}):\n{tail}")
@@ -205,15 +212,13 @@ def count(options: PluginBenchOptions, progress: ProgressFn) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="agentmars-bench-plugin-") as name:
         folder = Path(name)
         argv = [
-            valgrind, "--tool=callgrind", "--collect-atstart=no",
+            valgrind, "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
             f"--callgrind-out-file={folder / 'schedule'}",
             str(options.vllm_python), "-m", MODULE, "--count-with", str(toggle),
             "--json", str(folder / "runs.json"), *options.queue_args(),
         ]  # fmt: skip
         progress("the schedulers under callgrind", 0, 1)
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=CALLGRIND_TIMEOUT_S, check=False
-        )
+        done = run_measurement(argv, CALLGRIND_TIMEOUT_S)
         if done.returncode != 0:
             tail = "\n".join(done.stderr.strip().splitlines()[-15:])
             raise RuntimeError(f"{MODULE} under callgrind failed (exit {done.returncode}):\n{tail}")

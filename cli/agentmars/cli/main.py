@@ -254,9 +254,11 @@ def bench_plugin(
     (target <= 10% more); vLLM's real scheduler, no model."""
     from agentmars.bench.plugin import PluginBenchOptions, run, run_count
     from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
+    from agentmars.cli.serve import stop_on_sigterm
 
     try:
         python = find_vllm_python(vllm_python)
+        stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: the measurement's group stops
         options = PluginBenchOptions(python, sessions, turns, reps, kv_blocks, seed)
         (run_count if instructions else run)(options, json_out)
     except (BenchSetupError, RuntimeError) as exc:  # RuntimeError: the measurement failed

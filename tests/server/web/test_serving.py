@@ -16,6 +16,7 @@ from agentmars.server.web.ingest import TOKEN_ENV
 from agentmars.server.web.serving import (
     free_loopback_port,
     live_group_members,
+    run_as_group,
     serve_in_subprocess,
 )
 
@@ -74,6 +75,20 @@ def test_subprocess_children_that_outlive_the_server_are_stopped_too(tmp_path: P
         group = os.getpgid(int(child_pid_file.read_text()))
         assert len(live_group_members(group)) == 2
     assert live_group_members(group) == []
+
+
+def test_a_command_run_as_a_group_gives_its_output_and_status() -> None:
+    done = run_as_group(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout_s=30)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+
+
+def test_a_command_past_its_timeout_is_stopped_with_its_children(tmp_path: Path) -> None:
+    group_file = tmp_path / "group"
+    # A child that ignores SIGTERM, and the leader waiting for it.
+    script = f'echo $$ > {group_file}; (trap "" TERM; exec sleep 60) & wait'
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_as_group(["sh", "-c", script], timeout_s=1.0)
+    assert live_group_members(int(group_file.read_text())) == []
 
 
 STOPS = (signal.SIGINT, signal.SIGTERM)

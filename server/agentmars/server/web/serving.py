@@ -166,6 +166,26 @@ def _start(
     return process, f"http://127.0.0.1:{port}"
 
 
+def run_as_group(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to its end in a process group of its own, its output captured as
+    text. If this returns early (its timeout: ``TimeoutExpired``; a stop signal; any
+    error), the whole group is stopped first, as a server's is: a measurement left
+    running would go on loading the machine the next one runs on."""
+    with _stop_signals_held():
+        process = subprocess.Popen(
+            list(argv), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except BaseException:
+        _stop_group(process)
+        raise
+    return subprocess.CompletedProcess(
+        process.args, process.returncode, stdout.decode(errors="replace"),
+        stderr.decode(errors="replace"),
+    )  # fmt: skip
+
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 

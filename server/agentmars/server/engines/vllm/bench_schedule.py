@@ -510,13 +510,15 @@ def count(
     turns collection on as a call starts and off as it returns, and
     ``agentmars_dump_stats`` writes what each scheduler's pass collected to a dump named
     after it. Before its counted pass each scheduler runs the queue once uncollected,
-    to warm its code paths as the timed comparison does. One process, so vLLM is
-    imported under valgrind once (minutes), not once per scheduler. Per scheduler its
-    steps, preemptions and the tokens each call generated."""
+    to warm its code paths as the timed comparison does. Instrumentation starts with
+    the first counted pass (``agentmars_start_instrumentation``; valgrind starts with
+    ``--instr-atstart=no``): vLLM's import, instrumented, took minutes. Per scheduler
+    its steps, preemptions and the tokens each call generated."""
     import ctypes
 
     check_fits(queue, engine)
     library = ctypes.CDLL(str(toggle_lib))
+    start_instrumentation = library.agentmars_start_instrumentation
     toggle, dump = library.agentmars_toggle_collect, library.agentmars_dump_stats
     clock = VirtualClock()
     sessions = build_sessions(queue)
@@ -535,6 +537,7 @@ def count(
                 toggle()
 
         scheduler.schedule = collected
+        start_instrumentation()  # once: a stop and a start lose what the next dump counts
         result = drive_without_gc(scheduler, name, sessions, engine)
         dump(name.encode())
         runs[name] = {
