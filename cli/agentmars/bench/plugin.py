@@ -27,6 +27,8 @@ from rich.table import Table
 
 from agentmars.bench.report import ProgressFn, progress_bars, publish, verdict
 from agentmars.sandbox.backends.sandbox_init import build_program
+from agentmars.sandbox.spec import SandboxError
+from agentmars.server.engines.vllm.bench_schedule import PLUGIN_POLICIES, STOCK
 from agentmars.server.web.serving import run_as_group
 
 TARGET_RATIO = 1.10
@@ -73,22 +75,23 @@ class PluginBenchOptions:
         ]
 
 
-def run_measurement(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """The measurement's process (and its group) to its end; a timeout is an error."""
+def run_measurement(argv: list[str], timeout_s: float, what: str) -> None:
+    """The measurement's process (and its group) to its end; a timeout or a failure is
+    an error that ends with the tail of its stderr."""
     try:
-        return run_as_group(argv, timeout_s)
+        done = run_as_group(argv, timeout_s)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{MODULE} took over {timeout_s:.0f} s; stopped") from None
+        raise RuntimeError(f"{what} took over {timeout_s:.0f} s; stopped") from None
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        raise RuntimeError(f"{what} failed (exit {done.returncode}):\n{tail}")
 
 
 def measure(options: PluginBenchOptions) -> dict[str, Any]:
     """Run the measurement in the vLLM environment; its figures."""
     with tempfile.TemporaryDirectory(prefix="agentmars-bench-plugin-") as folder:
         out = Path(folder) / "figures.json"
-        done = run_measurement(options.argv(out), TIMEOUT_S)
-        if done.returncode != 0:
-            tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-            raise RuntimeError(f"{MODULE} failed (exit {done.returncode}):\n{tail}")
+        run_measurement(options.argv(out), TIMEOUT_S, MODULE)
         figures: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
     return figures
 
@@ -103,10 +106,7 @@ def table(figures: dict[str, Any]) -> Table:
         f"each, alternating; target x paired (mean) <= {TARGET_RATIO:.2f}"
     )
     caption = "fcfs, continuum, mars: the plugin with that policy. "
-    if figures["same_tokens"]:
-        caption += "Every call generated the same tokens under each scheduler."
-    else:
-        caption += "[red]The schedulers' calls generated different token counts.[/red]"
+    caption += tokens_line(figures["same_tokens"])
     caption += " " + lookups_line(figures["schedulers"])
     result = Table(title=title, caption=caption)
     columns = (
@@ -118,7 +118,7 @@ def table(figures: dict[str, Any]) -> Table:
     for name, row in figures["schedulers"].items():
         ratio = ratios.get(name, {"p50": 1.0, "mean": 1.0, "per_run": 1.0, "paired": 1.0})
         result.add_row(
-            "vLLM" if name == "stock" else name,
+            "vLLM" if name == STOCK else name,
             str(row["steps_per_run"]),
             f"{row['schedule']['p50_us']:.1f}",
             f"{row['schedule']['mean_us']:.1f}",
@@ -126,9 +126,17 @@ def table(figures: dict[str, Any]) -> Table:
             f"{ratio['mean']:.3f}",
             f"{ratio['per_run']:.3f}",
             f"{ratio['paired']:.3f}",
-            "" if name == "stock" else verdict(ratio["paired"] <= TARGET_RATIO),
+            "" if name == STOCK else verdict(ratio["paired"] <= TARGET_RATIO),
         )
     return result
+
+
+def tokens_line(same_tokens: bool) -> str:
+    """Whether every call generated the same tokens under each scheduler (else the
+    schedulers did not run the same work)."""
+    if same_tokens:
+        return "Every call generated the same tokens under each scheduler."
+    return "[red]The schedulers' calls generated different token counts.[/red]"
 
 
 def lookups_line(schedulers: dict[str, Any]) -> str:
@@ -154,8 +162,8 @@ def run(options: PluginBenchOptions, json_out: Path | None) -> dict[str, Any]:
 
 # --- instructions (valgrind's callgrind) ---------------------------------------------
 
-SCHEDULERS = ("stock", "fcfs", "continuum", "mars")
-"""Stock vLLM, then the plugin with each policy (``bench_schedule``'s names)."""
+SCHEDULERS = (STOCK, *PLUGIN_POLICIES)
+"""Stock vLLM, then the plugin with each policy."""
 TOGGLE_SOURCE = Path(__file__).with_name("callgrind_toggle.c")
 NEEDED = "install valgrind and gcc (Debian packages; see scripts/apt-packages.txt)"
 CALLGRIND_TIMEOUT_S = 3600.0
@@ -177,7 +185,7 @@ def toggle_library() -> Path:
             needed=NEEDED,
             flags=("-O2", "-shared", "-fPIC", "-Wall"),
         )
-    except Exception as exc:  # SandboxError: no compiler or no valgrind headers
+    except SandboxError as exc:  # no compiler, or no valgrind headers
         raise RuntimeError(str(exc)) from None
 
 
@@ -218,10 +226,7 @@ def count(options: PluginBenchOptions, progress: ProgressFn) -> dict[str, Any]:
             "--json", str(folder / "runs.json"), *options.queue_args(),
         ]  # fmt: skip
         progress("the schedulers under callgrind", 0, 1)
-        done = run_measurement(argv, CALLGRIND_TIMEOUT_S)
-        if done.returncode != 0:
-            tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-            raise RuntimeError(f"{MODULE} under callgrind failed (exit {done.returncode}):\n{tail}")
+        run_measurement(argv, CALLGRIND_TIMEOUT_S, f"{MODULE} under callgrind")
         progress("the schedulers under callgrind", 1, 1)
         runs: dict[str, dict[str, Any]] = json.loads((folder / "runs.json").read_text())
         counts = callgrind_dumps(folder, "schedule")
@@ -232,7 +237,7 @@ def count(options: PluginBenchOptions, progress: ProgressFn) -> dict[str, Any]:
     for scheduler, run in runs.items():
         run["instructions"] = counts[scheduler]
         run["instructions_per_step"] = counts[scheduler] / max(run["steps"], 1)
-    stock = runs["stock"]["instructions_per_step"]
+    stock = runs[STOCK]["instructions_per_step"]
     return {
         "queue": {"sessions": options.sessions, "turns": options.turns, "seed": options.seed},
         "kv_blocks": options.kv_blocks,
@@ -241,7 +246,7 @@ def count(options: PluginBenchOptions, progress: ProgressFn) -> dict[str, Any]:
             scheduler: runs[scheduler]["instructions_per_step"] / stock
             for scheduler in SCHEDULERS[1:]
         },
-        "same_tokens": all(tokens[scheduler] == tokens["stock"] for scheduler in tokens),
+        "same_tokens": all(tokens[scheduler] == tokens[STOCK] for scheduler in tokens),
     }
 
 
@@ -253,9 +258,7 @@ def instructions_table(figures: dict[str, Any]) -> Table:
             f"({queue['sessions']} sessions x {queue['turns']} turns), callgrind, a virtual "
             f"clock; target x per step <= {TARGET_RATIO:.2f}"
         ),
-        caption="Every call generated the same tokens under each scheduler."
-        if figures["same_tokens"]
-        else "[red]The schedulers' calls generated different token counts.[/red]",
+        caption=tokens_line(figures["same_tokens"]),
     )
     for column in ("scheduler", "steps", "instructions", "per step", "x per step", "result"):
         result.add_column(column, justify="right")
@@ -263,12 +266,12 @@ def instructions_table(figures: dict[str, Any]) -> Table:
     for name, row in figures["schedulers"].items():
         ratio = ratios.get(name, 1.0)
         result.add_row(
-            "vLLM" if name == "stock" else name,
+            "vLLM" if name == STOCK else name,
             str(row["steps"]),
             f"{row['instructions']:,}",
             f"{row['instructions_per_step']:,.0f}",
             f"{ratio:.3f}",
-            "" if name == "stock" else verdict(ratio <= TARGET_RATIO),
+            "" if name == STOCK else verdict(ratio <= TARGET_RATIO),
         )
     return result
 
