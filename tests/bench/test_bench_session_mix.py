@@ -35,6 +35,7 @@ from agentmars.bench.session_mix import (
     SessionResult,
     aggregate,
     build_mix,
+    check_model,
     ratios,
     replay,
     run_order,
@@ -96,6 +97,18 @@ def test_the_mix_is_fixed_by_its_seed_and_tool_scale_scales_the_tools() -> None:
 def test_a_bad_mix_is_refused(shape: MixShape, message: str) -> None:
     with pytest.raises(SessionMixError, match=message):
         build_mix(shape)
+
+
+def test_a_model_serves_the_mix_when_its_vocabulary_holds_the_prompts_token_ids(
+    tmp_path: Path,
+) -> None:
+    # A deeper random model from the tiny_model module shares the tiny vocabulary; a
+    # model whose vocabulary stops below the prompts' ids would fail every call.
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": TINY_VOCAB}))
+    assert check_model(tmp_path) == tmp_path
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": TINY_VOCAB - 1}))
+    with pytest.raises(SessionMixError, match="must hold the prompts' token ids"):
+        check_model(tmp_path)
 
 
 def test_stream_lines_give_their_token_ids() -> None:

@@ -1,5 +1,5 @@
-"""``agentmars bench plugin``, ``session-mix`` and ``gateway`` (over vLLM) refuse bad
-input with exit status 2 and a message, before starting anything."""
+"""``agentmars bench plugin``, ``session-mix``, ``fidelity`` and ``gateway`` (over vLLM)
+refuse bad input with exit status 2 and a message, before starting anything."""
 
 from __future__ import annotations
 
@@ -82,6 +82,27 @@ def test_session_mix_refuses_a_bad_rate_before_starting_vllm() -> None:
     done = _run("session-mix", "--vllm-python", sys.executable, "--rate", "0")
     assert done.returncode == 2
     assert "--rate must be a positive number" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["session-mix", "fidelity"])
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (None, "no readable config.json"),
+        ("{not json", "no readable config.json"),
+        ('{"vocab_size": 300}', "its vocabulary (300) must hold the prompts' token ids"),
+    ],
+)
+def test_a_model_the_mix_cannot_be_replayed_on_is_refused_before_starting_vllm(
+    command: str, config: str | None, message: str, tmp_path: Path
+) -> None:
+    if config is not None:
+        (tmp_path / "config.json").write_text(config)
+    done = _run(command, "--vllm-python", sys.executable, "--model", str(tmp_path))
+    assert done.returncode == 2
+    assert f"--model {tmp_path}: " in done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.slow

@@ -896,6 +896,23 @@ def _mean_load(loads: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def check_model(model: Path) -> Path:
+    """A model directory vLLM can serve the mix's prompts with: a Hugging Face config
+    whose vocabulary holds the token ids the prompts are drawn from (the tiny model's)."""
+    config_file = model / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as error:
+        raise SessionMixError(f"--model {model}: no readable config.json ({error})") from None
+    vocab = config.get("vocab_size") if isinstance(config, dict) else None
+    if not isinstance(vocab, int) or vocab < TINY_VOCAB:
+        raise SessionMixError(
+            f"--model {model}: its vocabulary ({vocab}) must hold the prompts' token ids "
+            f"(below {TINY_VOCAB})"
+        )
+    return model
+
+
 def check_fits(num_blocks: int, max_context: int) -> None:
     """A session's longest context must fit the engine's KV."""
     try:

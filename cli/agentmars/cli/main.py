@@ -387,6 +387,13 @@ def bench_session_mix(
     profile: Annotated[
         str, typer.Option(help="The plugin's cost profile (name or file).")
     ] = "cpu-tiny",
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            help="vLLM's model directory (default: the tiny model); e.g. a deeper "
+            "random one from the tiny_model module, to slow the engine down (docs/results/mars.md)."
+        ),
+    ] = None,
     log_dir: Annotated[Path, typer.Option(help="Logs of each run.")] = Path(
         "out/bench-session-mix"
     ),
@@ -419,6 +426,7 @@ def bench_session_mix(
         SandboxShape,
         SessionMixError,
         check_fits,
+        check_model,
         run,
     )
     from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
@@ -440,10 +448,10 @@ def bench_session_mix(
         tools = SandboxShape(tool_slots) if sandbox else None
         if tools is not None:
             tools.check(agent_cores)
+        served = check_model(model) if model is not None else tiny_model_made_by(python)
         engine = EngineShape(
-            python, tiny_model_made_by(python), num_blocks, max_context, cores,
-            agent_cores, log_dir, profile,
-        )  # fmt: skip
+            python, served, num_blocks, max_context, cores, agent_cores, log_dir, profile
+        )
         stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server it started stops
         figures = run(engine, shape, names, json_out, runs=runs, sandbox=tools)
     except (BenchSetupError, SessionMixError, UnknownPolicy, WorkloadError, RuntimeError) as exc:
@@ -473,6 +481,9 @@ def bench_fidelity(
         typer.Option(help="Cost profile (name or file); default: fit one here first."),
     ] = None,
     twin: Annotated[bool, typer.Option(help="Also replay on the wall-clock twin.")] = True,
+    model: Annotated[
+        Path | None, typer.Option(help="vLLM's model directory (default: the tiny model).")
+    ] = None,
     workload: Annotated[str, typer.Option(help="Registered workload generator.")] = "react",
     sessions: Annotated[int, typer.Option(min=1)] = 40,
     seed: Annotated[int, typer.Option(min=0)] = 1,
@@ -497,7 +508,13 @@ def bench_fidelity(
     session latency, TTFT after tools, prefix-hit rate, and the relative error, per load
     and policy. Tens of minutes: vLLM starts once per load and policy."""
     from agentmars.bench.fidelity import FidelityError, parse_loads, plot_engine_load, run
-    from agentmars.bench.session_mix import EngineShape, MixShape, SessionMixError, check_fits
+    from agentmars.bench.session_mix import (
+        EngineShape,
+        MixShape,
+        SessionMixError,
+        check_fits,
+        check_model,
+    )
     from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
     from agentmars.cli.serve import stop_on_sigterm
     from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
@@ -516,10 +533,10 @@ def bench_fidelity(
         if profile is not None:
             load_profile(profile)
         python = find_vllm_python(vllm_python)
+        served = check_model(model) if model is not None else tiny_model_made_by(python)
         engine = EngineShape(
-            python, tiny_model_made_by(python), num_blocks, max_context, cores,
-            agent_cores, log_dir, profile,
-        )  # fmt: skip
+            python, served, num_blocks, max_context, cores, agent_cores, log_dir, profile
+        )
         stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server it started stops
         figures = run(engine, shape, points, names, twin=twin, json_out=json_out)
         if plot is not None:

@@ -278,6 +278,24 @@ def test_the_amx_hosts_recording_fits_and_is_the_shipped_cpu_tiny_amx() -> None:
     assert (shipped.num_gpu_blocks, shipped.max_model_len) == (320, 32768)
 
 
+def test_the_deep_models_recording_fits_and_is_the_shipped_cpu_deep_amx() -> None:
+    """tests/server/profiles/data/cpu-deep-amx-recording.json: a 16-layer random model
+    (``tiny_model --layers 16 --hidden 256 --mlp 512``) on the AMX host, the shape that
+    gives this host's engine the AVX2 host's prefill time per token again, so the
+    real-stack point of docs/results/mars.md is contended here too."""
+    recording = Recording.model_validate_json((DATA / "cpu-deep-amx-recording.json").read_text())
+    assert recording.host is not None and "amx_bf16" in recording.host
+    fit = fit_recording(recording)
+    assert fit.r_squared > 0.95
+    shipped = load_profile("cpu-deep-amx")
+    assert_same_fit(shipped.cost, fit.cost)
+    assert shipped.request_overhead_s == pytest.approx(fit.request_overhead_s, rel=1e-9)
+    assert recording.host in shipped.description
+    assert shipped.cost.c1 == pytest.approx(load_profile("cpu-tiny-avx2").cost.c1, rel=0.15)
+    # 16 layers of 256 dimensions, keys and values in bfloat16.
+    assert shipped.kv_bytes_per_token == 16 * 2 * 256 * 2
+
+
 def test_every_probe_of_the_recording_gives_equations() -> None:
     recording = Recording.model_validate_json((DATA / "paced-engine-recording.json").read_text())
     kinds = {row.kind for row in recording_rows(recording)}
