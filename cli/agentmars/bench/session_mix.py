@@ -73,6 +73,7 @@ from agentmars.sdk.integrations.request import tool_priority_of
 from agentmars.sdk.sinks.http import HttpSink, HttpSinkStats
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME, check_kv_holds_context
 from agentmars.server.engines.vllm.smoke import metric_total
+from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 from agentmars.server.web.serving import serve_in_subprocess
 from agentmars.server.workloads.registry import build_workload
 
@@ -911,6 +912,12 @@ def check_model(model: Path) -> Path:
             f"(below {TINY_VOCAB})"
         )
     return model
+
+
+def served_model(vllm_python: Path, model: Path | None) -> Path:
+    """The model vLLM serves: ``model`` once checked, else the tiny model (made by the
+    vLLM environment's python on first use)."""
+    return check_model(model) if model is not None else tiny_model_made_by(vllm_python)
 
 
 def check_fits(num_blocks: int, max_context: int) -> None:

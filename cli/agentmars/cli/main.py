@@ -426,12 +426,11 @@ def bench_session_mix(
         SandboxShape,
         SessionMixError,
         check_fits,
-        check_model,
         run,
+        served_model,
     )
     from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
     from agentmars.cli.serve import stop_on_sigterm
-    from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
     from agentmars.server.policies.registry import UnknownPolicy, policy_class
     from agentmars.server.workloads.errors import WorkloadError
 
@@ -448,10 +447,10 @@ def bench_session_mix(
         tools = SandboxShape(tool_slots) if sandbox else None
         if tools is not None:
             tools.check(agent_cores)
-        served = check_model(model) if model is not None else tiny_model_made_by(python)
         engine = EngineShape(
-            python, served, num_blocks, max_context, cores, agent_cores, log_dir, profile
-        )
+            python, served_model(python, model), num_blocks, max_context, cores,
+            agent_cores, log_dir, profile,
+        )  # fmt: skip
         stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server it started stops
         figures = run(engine, shape, names, json_out, runs=runs, sandbox=tools)
     except (BenchSetupError, SessionMixError, UnknownPolicy, WorkloadError, RuntimeError) as exc:
@@ -513,11 +512,10 @@ def bench_fidelity(
         MixShape,
         SessionMixError,
         check_fits,
-        check_model,
+        served_model,
     )
     from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
     from agentmars.cli.serve import stop_on_sigterm
-    from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
     from agentmars.server.policies.registry import UnknownPolicy, policy_class
     from agentmars.server.profiles.cost_model import ProfileError, load_profile
     from agentmars.server.workloads.errors import WorkloadError
@@ -533,10 +531,10 @@ def bench_fidelity(
         if profile is not None:
             load_profile(profile)
         python = find_vllm_python(vllm_python)
-        served = check_model(model) if model is not None else tiny_model_made_by(python)
         engine = EngineShape(
-            python, served, num_blocks, max_context, cores, agent_cores, log_dir, profile
-        )
+            python, served_model(python, model), num_blocks, max_context, cores,
+            agent_cores, log_dir, profile,
+        )  # fmt: skip
         stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server it started stops
         figures = run(engine, shape, points, names, twin=twin, json_out=json_out)
         if plot is not None:
