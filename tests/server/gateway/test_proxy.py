@@ -153,7 +153,7 @@ def test_an_engine_4xx_is_passed_through(gateway: Gateway) -> None:
 
 
 def test_engine_down_is_a_503_within_a_second_and_the_gateway_recovers(
-    make_gateway: GatewayFactory,
+    make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     port = free_loopback_port()
     with make_gateway(f"http://127.0.0.1:{port}") as gateway:
@@ -162,7 +162,10 @@ def test_engine_down_is_a_503_within_a_second_and_the_gateway_recovers(
             response = httpx.request(method, f"{gateway.url}{path}", json=CHAT)
             assert time.monotonic() - start < 1.0
             assert response.status_code == 503
-            assert "not reachable" in response.json()["error"]["message"]
+            message = response.json()["error"]["message"]
+            assert "not reachable" in message
+            # The operator sees it in the gateway's log too.
+            assert f"{method} {path}: 503 {message}" in caplog.text
         with serve_in_thread(create_scripted_llm_app(model=MODEL), port=port):
             response = httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT)
             assert response.status_code == 200

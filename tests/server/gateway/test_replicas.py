@@ -72,7 +72,8 @@ def _gateway(
 
 def _call(url: str, session: str, prompt: str = "go") -> None:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "session_id": session}
-    assert httpx.post(f"{url}/v1/completions", json=body, timeout=10).status_code == 200
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=10)
+    assert response.status_code == 200, response.text
 
 
 def _sessions_served(state: Any) -> list[str]:

@@ -50,6 +50,7 @@ from agentmars.server.gateway.operator_state import OperatorState
 from agentmars.server.gateway.passthrough import passthrough_router
 from agentmars.server.gateway.plugin_link import PluginLink
 from agentmars.server.gateway.proxy import (
+    CONNECT_TIMEOUT_S,
     GatewayError,
     Upstream,
     exchange,
@@ -93,8 +94,7 @@ class GatewayConfig:
     policy: str = "fcfs"
     """Registry name of the policy (``policies/registry.py``)."""
     policy_settings: dict[str, Any] = field(default_factory=dict)
-    connect_timeout_s: float = 0.5
-    """Short, so an engine that is down gives a 503 within a second."""
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
     read_timeout_s: float = 600.0
     models_ttl_s: float = 5.0
     idle_timeout_s: float = 300.0
@@ -518,6 +518,8 @@ def _routes(app: FastAPI, gateway: Gateway) -> None:
 
 async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
+    if exc.status >= 500:  # the engine's trouble, not the client's: the operator's to see
+        log.warning("%s %s: %d %s", request.method, request.url.path, exc.status, exc.message)
     return exc.response()
 
 

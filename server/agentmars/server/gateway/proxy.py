@@ -8,8 +8,9 @@ too much of the gateway's 2 ms budget. The rest of the project keeps httpx.
 Errors the gateway answers itself carry an OpenAI-style body
 (``{"error": {"message", "type", "param", "code"}}``): 400 for a body that is not a JSON
 object, 404 for a model the engine does not serve (from its ``/v1/models``, cached
-for ``models_ttl_s``), 503 when the engine cannot be reached (the connect timeout is
-short, so this comes within a second), 504 when it stops answering. An engine's 4xx
+for ``models_ttl_s``), 503 when the engine cannot be reached (at once when its host
+refuses the connection, after ``CONNECT_TIMEOUT_S`` when nothing answers), 504 when it
+stops answering. An engine's 4xx
 is passed through as is (status and body: vLLM's own message); an engine's 5xx
 becomes 502 with the engine's body in the message, so a 500 never comes from here.
 """
@@ -34,6 +35,11 @@ from agentmars.server.gateway.events import CallRecorder, CallStatus
 from agentmars.server.web.json_body import BadBody
 from agentmars.server.web.json_body import json_object as read_json_object
 
+CONNECT_TIMEOUT_S = 3.0
+"""Our choice: long enough to outlast one lost SYN (Linux resends it after 1 s) and a
+pause of this process (a garbage collection) between connecting and the timer's check,
+short enough that an engine host that stopped answering is reported within seconds. An
+engine that is down on a host that is up refuses the connection: a 503 at once."""
 INFO_TIMEOUT_S = 2.0
 """For a whole answer to ``GET /v1/models``, ``/version``, ``/health``: instant on a
 healthy engine, so a hung one is reported within seconds."""
@@ -94,7 +100,7 @@ class Upstream:
         self,
         base_url: str,
         *,
-        connect_timeout_s: float = 0.5,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
         read_timeout_s: float = 600.0,
         models_ttl_s: float = 5.0,
     ) -> None:
