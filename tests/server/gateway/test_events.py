@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from agentmars.sdk.events import (
     LLMEnd,
@@ -23,9 +24,11 @@ from agentmars.sdk.events import (
 from agentmars.server.gateway.app import TOKEN_ENV
 from agentmars.server.gateway.call_meta import call_metadata
 from agentmars.server.gateway.events import CallRecorder
+from agentmars.server.gateway.llm_apis import TextCompletions
+from agentmars.server.gateway.proxy import SSEScanner
 from agentmars.server.web.ingest import EventHub
 from agentmars.server.web.serving import serve_in_subprocess
-from tests.server.gateway.conftest import AUTH, MODEL, TOKEN, Gateway
+from tests.server.gateway.conftest import AUTH, MODEL, TOKEN, Engine, Gateway
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -48,6 +51,38 @@ def test_a_stream_records_submit_first_token_and_end(gateway: Gateway) -> None:
     assert end.duration_s >= 0.05
     assert (end.status, end.output_tokens, end.finish_reason) == ("ok", 4, "length")
     assert end.prompt_tokens == 1 and end.cached_tokens == 0  # one word of prompt
+
+
+def _data(text: str) -> list[Any]:
+    return [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/chat/completions", CHAT), ("/v1/completions", {"model": MODEL, "prompt": "hi"})],
+)
+def test_a_stream_that_asks_no_usage_gets_none_yet_its_end_has_the_tokens(
+    gateway: Gateway, engine: Engine, path: str, body: dict[str, Any]
+) -> None:
+    """The policies read a call's tokens from its llm_end; an OpenAI stream reports
+    them only when asked, so the gateway asks, and relays the stream as the client
+    asked for it: the same chunks the engine sends such a client, no usage chunk."""
+    stream = {**body, "max_tokens": 4, "stream": True}
+    url = f"{gateway.url}{path}"
+    answer = httpx.post(url, json=stream, headers={"X-Session-ID": "u"}).text
+    assert engine.requests[-1].body["stream_options"] == {"include_usage": True}
+    direct = httpx.post(f"{engine.url}{path}", json=stream).text
+    assert [c["choices"] for c in _data(answer)] == [c["choices"] for c in _data(direct)]
+    assert answer.endswith("}\n\ndata: [DONE]\n\n") and "\n\n\n" not in answer
+    assert gateway.hub.wait_for_count(3, 2.0)
+    end = gateway.hub.events()[2]
+    assert isinstance(end, LLMEnd)
+    assert (end.prompt_tokens, end.cached_tokens, end.output_tokens) == (1, 0, 4)
+    # A client that asks for the usage gets it, with its other options kept.
+    options = {"include_usage": True, "continuous_usage_stats": False}
+    asked = httpx.post(url, json={**stream, "stream_options": options}).text
+    assert engine.requests[-1].body["stream_options"] == options
+    assert _data(asked)[-1]["usage"]["completion_tokens"] == 4
 
 
 def test_a_whole_response_records_submit_and_end(gateway: Gateway) -> None:
@@ -139,3 +174,18 @@ def test_the_recorder_drops_what_an_engine_gets_wrong_instead_of_failing() -> No
     assert isinstance(first, LLMFirstToken)
     assert isinstance(end, LLMEnd) and end.status == "ok"
     assert (end.prompt_tokens, end.cached_tokens, end.output_tokens) == (2, None, None)
+
+
+def test_the_usage_chunk_the_gateway_asked_for_is_dropped_wherever_the_bytes_split() -> None:
+    chunk = {"choices": [{"index": 0, "text": "hi", "finish_reason": "length"}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+    relayed = f"data: {json.dumps(chunk)}\r\n\r\ndata: {json.dumps(usage)}\r\n\r\ndata: [DONE]"
+    wanted = relayed.replace(f"data: {json.dumps(usage)}\r\n\r\n", "")
+    for cut in range(1, len(relayed)):
+        hub = EventHub()
+        recorder = CallRecorder(hub, call_metadata({}, {}), 0, {}, TextCompletions())
+        scanner = SSEScanner(recorder, drop_usage=True)
+        passed = scanner.feed(relayed[:cut].encode()) + scanner.feed(relayed[cut:].encode())
+        assert (passed + scanner.flush()).decode() == wanted, cut
+        end = recorder.end()
+        assert end is not None and (end.prompt_tokens, end.output_tokens) == (3, 1)

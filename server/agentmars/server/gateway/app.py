@@ -58,6 +58,7 @@ from agentmars.server.gateway.proxy import (
     forwarded_headers,
     json_object,
     relay,
+    stream_usage_to_ask,
     upstream_error,
 )
 from agentmars.server.gateway.telemetry import KVSource
@@ -392,10 +393,11 @@ async def _forward(
         tracing.call_ended(recorder.end(status, error))
         gateway.admission.leave(meta.session_id, session_over=status == "cancelled")
 
+    ask_usage = stream_usage_to_ask(api, body)
     call = exchange(
         gateway.engine_of(meta.session_id),
         api.path,
-        forwarded_body(body, meta, turn),
+        forwarded_body(body, meta, turn, ask_usage=ask_usage),
         forwarded_headers(request, meta),
         stream=bool(body.get("stream")),
     )
@@ -410,7 +412,7 @@ async def _forward(
     headers = {TOOL_PRIORITY_HEADER: str(_tool_priority(gateway, meta))}
     if answer is None:
         return ClosingStreamingResponse(
-            relay(response, recorder, done),
+            relay(response, recorder, done, drop_usage=ask_usage),
             status_code=response.status,
             headers=headers,
             media_type=response.headers.get("content-type", "text/event-stream"),

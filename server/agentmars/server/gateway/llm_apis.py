@@ -163,6 +163,15 @@ class LLMApi:
         stream chunk gives them (the Completions APIs: on the object itself)."""
         return Identity.of(answer)
 
+    def asks_stream_usage(self, body: Mapping[str, Any]) -> bool | None:
+        """Whether this streamed request asks for its usage (None: the API reports
+        usage on every stream unasked)."""
+        return None
+
+    def usage_only(self, chunk: dict[str, Any]) -> bool:
+        """A stream chunk that carries nothing but the usage asked for."""
+        return False
+
 
 class Completions(LLMApi):
     """OpenAI's chat completions (``messages``) and text completions (``prompt``): one
@@ -194,6 +203,12 @@ class Completions(LLMApi):
     def finish(self, answer: dict[str, Any]) -> tuple[str, bool] | None:
         reasons = [str(c["finish_reason"]) for c in _choices(answer) if c.get("finish_reason")]
         return (reasons[-1], reasons[-1] == "tool_calls") if reasons else None
+
+    def asks_stream_usage(self, body: Mapping[str, Any]) -> bool | None:
+        return bool(_dict(body.get("stream_options")).get("include_usage"))
+
+    def usage_only(self, chunk: dict[str, Any]) -> bool:
+        return chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)
 
 
 def _openai_usage(usage: object, prompt: str, output: str) -> Usage | None:

@@ -32,6 +32,7 @@ from opentelemetry import propagate
 from agentmars.sdk.integrations.request import SESSION_HEADER
 from agentmars.server.gateway.call_meta import CallMeta
 from agentmars.server.gateway.events import CallRecorder, CallStatus
+from agentmars.server.gateway.llm_apis import LLMApi
 from agentmars.server.web.json_body import BadBody
 from agentmars.server.web.json_body import json_object as read_json_object
 
@@ -252,12 +253,15 @@ def json_object(raw: bytes) -> dict[str, Any]:
         raise GatewayError(400, str(exc)) from None
 
 
-def forwarded_body(body: Mapping[str, Any], meta: CallMeta, turn: int) -> dict[str, Any]:
+def forwarded_body(
+    body: Mapping[str, Any], meta: CallMeta, turn: int, *, ask_usage: bool = False
+) -> dict[str, Any]:
     """The request as the engine gets it: session metadata in ``session_id`` and
     ``vllm_xargs`` (the call id always, the hints the client gave, 0/1 ints: vLLM's
-    extra_args take str / int / float), and an explicit ``priority``: the client's,
+    extra_args take str / int / float), an explicit ``priority``: the client's,
     else 0 (vLLM 0.32 orders by it only under ``--scheduling-policy priority``; the
-    plugin orders calls by the policy itself).
+    plugin orders calls by the policy itself), and (``ask_usage``) the stream's usage
+    asked for, which the client did not (``stream_usage_to_ask``).
 
     A call that named no session goes on naming none: its one-call session ends with
     it, and a session id would let the plugin pin KV that no next call will use.
@@ -273,9 +277,26 @@ def forwarded_body(body: Mapping[str, Any], meta: CallMeta, turn: int) -> dict[s
     }
     forwarded = {k: v for k, v in body.items() if k != "program_id"}
     forwarded.update(vllm_xargs=xargs, priority=body.get("priority", 0))
+    if ask_usage:
+        forwarded["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     if not meta.ephemeral:
         xargs["session_id"] = forwarded["session_id"] = meta.session_id
     return forwarded
+
+
+def stream_usage_to_ask(api: LLMApi, body: Mapping[str, Any]) -> bool:
+    """Whether the gateway asks the engine for a streamed call's usage the client did
+    not ask for: every policy that reads a call's tokens from its ``llm_end`` (MARS's
+    working set and prefill rate, Justitia's and VTC's costs, Continuum's miss test)
+    needs them, and an OpenAI stream reports them only when asked. The client's stream
+    is relayed without the usage chunk (``SSEScanner``), as it asked. A
+    ``stream_options`` that is not an object is the engine's to refuse."""
+    options = body.get("stream_options")
+    return (
+        body.get("stream") is True
+        and (options is None or isinstance(options, dict))
+        and api.asks_stream_usage(body) is False
+    )
 
 
 def forwarded_headers(request: Request, meta: CallMeta | None = None) -> dict[str, str]:
@@ -315,39 +336,70 @@ def passed_back(answer: Answer) -> Response:
 
 
 class SSEScanner:
-    """Reads ``data:`` lines out of relayed SSE bytes for the recorder."""
+    """Reads ``data:`` lines out of relayed SSE bytes for the recorder, and says what
+    to pass on: the bytes as they came, or (``drop_usage``: the gateway asked for the
+    usage, the client did not) the complete lines without the usage-only event."""
 
-    def __init__(self, recorder: CallRecorder) -> None:
+    def __init__(self, recorder: CallRecorder, *, drop_usage: bool = False) -> None:
         self.recorder = recorder
         self._rest = b""
+        self._drop_usage = drop_usage
+        self._dropping = False
+        """The usage-only event's data line was dropped: drop its blank line too."""
         self.answered = False
         """The stream's ``data: [DONE]`` went by: the answer is whole."""
 
-    def feed(self, piece: bytes) -> None:
+    def feed(self, piece: bytes) -> bytes:
+        """Read ``piece``; the bytes to pass on now."""
         *lines, self._rest = (self._rest + piece).split(b"\n")
-        for line in lines:
-            data = line.strip()
-            if data == b"data: [DONE]":
-                self.answered = True
-            if not data.startswith(b"data:") or self.answered:
-                continue
-            try:
-                chunk = json.loads(data[5:])
-            except ValueError:
-                continue  # not ours to judge: the client gets the bytes as they came
-            if isinstance(chunk, dict):
-                self.recorder.observe(chunk, chunk=True)
+        if not self._drop_usage:
+            for line in lines:
+                self._read(line)
+            return piece
+        kept = [line for line in lines if self._keep(line, self._read(line))]
+        return b"".join(line + b"\n" for line in kept)
+
+    def flush(self) -> bytes:
+        """What is left to pass on at the stream's end (a last line without ``\n``)."""
+        rest, self._rest = self._rest, b""
+        return rest if self._drop_usage else b""
+
+    def _keep(self, line: bytes, chunk: dict[str, Any] | None) -> bool:
+        if self._dropping and not line.strip():
+            self._dropping = False
+            return False
+        self._dropping = chunk is not None and self.recorder.api.usage_only(chunk)
+        return not self._dropping
+
+    def _read(self, line: bytes) -> dict[str, Any] | None:
+        """The chunk a ``data:`` line carries, observed by the recorder (None: none)."""
+        data = line.strip()
+        if data == b"data: [DONE]":
+            self.answered = True
+        if not data.startswith(b"data:") or self.answered:
+            return None
+        try:
+            chunk = json.loads(data[5:])
+        except ValueError:
+            return None  # not ours to judge: the client gets the bytes as they came
+        if not isinstance(chunk, dict):
+            return None
+        self.recorder.observe(chunk, chunk=True)
+        return chunk
 
 
 async def relay(
     response: aiohttp.ClientResponse,
     recorder: CallRecorder,
     done: Callable[[CallStatus, str | None], None],
+    *,
+    drop_usage: bool = False,
 ) -> AsyncIterator[bytes]:
-    """Pass the engine's stream on; ``done(status, error)`` runs at the end whatever
-    happens (the client leaving cancels this generator and closes the engine's
-    connection, which aborts the request in vLLM)."""
-    scanner = SSEScanner(recorder)
+    """Pass the engine's stream on (``drop_usage``: without the usage-only event,
+    ``SSEScanner``); ``done(status, error)`` runs at the end whatever happens (the
+    client leaving cancels this generator and closes the engine's connection, which
+    aborts the request in vLLM)."""
+    scanner = SSEScanner(recorder, drop_usage=drop_usage)
     status: CallStatus = "ok"
     error: str | None = None
     try:
@@ -355,8 +407,10 @@ async def relay(
             # Read before it goes out: a client may close as soon as it has [DONE]
             # (the OpenAI client does, without reading the response's end), which
             # then arrives while this generator waits at the yield.
-            scanner.feed(piece)
-            yield piece
+            if out := scanner.feed(piece):
+                yield out
+        if rest := scanner.flush():
+            yield rest
     except (asyncio.CancelledError, GeneratorExit):
         if not scanner.answered:
             status, error = "cancelled", "the client disconnected"
