@@ -428,6 +428,8 @@ def test_without_the_sandbox_the_replayer_reports_its_own_tools(
     tool_events = [e for e in gateway.hub.events() if e.kind.startswith("tool_")]
     assert sorted(e.kind for e in tool_events) == ["tool_end"] * 2 + ["tool_start"] * 2
     assert {e.source for e in tool_events} == {"sdk"}
+    # Sleeps: no CPU time, as the simulator's replayed tools (fidelity.mix_workload).
+    assert {e.cpu_time_s for e in tool_events if isinstance(e, ToolEnd)} == {0.0}
 
 
 def test_a_run_on_the_served_twin_runs_its_tools_in_the_sandbox(tmp_path: Path) -> None:

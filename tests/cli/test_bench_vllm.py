@@ -275,3 +275,35 @@ def test_sigterm_stops_the_fidelity_bench_and_every_server_it_started(
     )  # fmt: skip
     sigterm_once_vllm_starts(process)
     assert process.returncode != 0
+
+
+def test_session_mix_on_the_twin_needs_no_vllm(tmp_path: Path) -> None:
+    """--twin serves the simulator's engine, paced, behind the real gateway: the same
+    replay and figures, no vLLM environment (none is given; the variable is unset)."""
+    out = tmp_path / "mix.json"
+    env = {k: v for k, v in os.environ.items() if k != "AGENTMARS_VLLM_PYTHON"}
+    done = subprocess.run(
+        [sys.executable, "-m", "agentmars.cli.main", "bench", "session-mix", "--twin",
+         "--policies", "fcfs,mars", "--sessions", "3", "--rate", "5", "--max-turns", "2",
+         "--max-context", "1024", "--cores", "0", "--agent-cores", "0",
+         "--log-dir", str(tmp_path), "--json", str(out)],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(out.read_text())
+    assert figures["engine"]["twin"] is True
+    assert [p["policy"] for p in figures["policies"]] == ["fcfs", "mars"]
+    for policy in figures["policies"]:
+        assert policy["failed"] == [] and policy["sessions"] == 3
+        assert policy["prefix_cache_queries"] > 0
+    assert (tmp_path / "serve-twin-mars.log").exists()
+
+
+def test_session_mix_on_the_twin_refuses_a_model() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agentmars.cli.main", "bench", "session-mix", "--twin",
+         "--model", sys.executable],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--model is vLLM's" in done.stderr

@@ -291,7 +291,10 @@ class Replayer:
         ids = {"session_id": session.session_id, "call_id": call_id, "turn": turn_index}
         await self._events([ToolStart(tool=turn.tool, **ids)])
         await asyncio.sleep(turn.tool_s)
-        await self._events([ToolEnd(tool=turn.tool, duration_s=turn.tool_s, **ids)])
+        # A sleep uses no CPU; said, so that a policy does not count a core busy for it
+        # (MARS's CPU pressure takes an unreported CPU time as the whole duration).
+        end = ToolEnd(tool=turn.tool, duration_s=turn.tool_s, cpu_time_s=0.0, **ids)
+        await self._events([end])
 
     async def _events(self, events: Sequence[Any]) -> None:
         response = await self._client.post(
@@ -813,7 +816,7 @@ def run(
         "mix": asdict(shape),
         "calls": sum(len(s.turns) for s in mix),
         "engine": {"num_blocks": engine.num_blocks, "max_model_len": engine.max_model_len,
-                   "cores": engine.cores},
+                   "cores": engine.cores, "twin": engine.twin},
         "runs": runs,
         "order": [{"run": run_index, "policy": policy} for run_index, policy in order],
         "sandbox": None if sandbox is None else {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from enum import StrEnum
 from pathlib import Path
@@ -403,6 +404,13 @@ def bench_session_mix(
             min=1, help="Serve and replay each policy this often, the policies interleaved."
         ),
     ] = 1,
+    twin: Annotated[
+        bool,
+        typer.Option(
+            help="Serve the wall-clock twin paced from --profile (the simulator's engine "
+            "behind the real gateway) instead of vLLM; no vLLM environment needed."
+        ),
+    ] = False,
     sandbox: Annotated[
         bool,
         typer.Option(
@@ -437,7 +445,9 @@ def bench_session_mix(
     names = [name.strip() for name in policies.split(",") if name.strip()]
     shape = MixShape(workload, sessions, rate, seed, max_context, max_turns, tool_scale)
     try:
-        python = find_vllm_python(vllm_python)
+        if twin and model is not None:
+            raise SessionMixError("--model is vLLM's; the twin serves --profile's engine")
+        python = Path(os.devnull) if twin else find_vllm_python(vllm_python)
         for name in names or [""]:
             policy_class(name)
         shape.check()
@@ -448,8 +458,8 @@ def bench_session_mix(
         if tools is not None:
             tools.check(agent_cores)
         engine = EngineShape(
-            python, served_model(python, model), num_blocks, max_context, cores,
-            agent_cores, log_dir, profile,
+            python, python if twin else served_model(python, model), num_blocks, max_context,
+            cores, agent_cores, log_dir, profile, twin=twin,
         )  # fmt: skip
         stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server it started stops
         figures = run(engine, shape, names, json_out, runs=runs, sandbox=tools)

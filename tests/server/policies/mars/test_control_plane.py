@@ -242,6 +242,9 @@ def test_the_window_follows_the_stream_and_every_change_is_an_event() -> None:
         LLMEnd(session_id="s0", call_id="c", prompt_tokens=80, output_tokens=0, duration_s=1.0)
     )
     assert half.working_set == 59  # s0's call ended with 80 tokens of context: 5 blocks
+    # A call whose end reports no tokens keeps its submit's projection (6 blocks), not 0.
+    half.on_event(LLMEnd(session_id="s1", call_id="c", duration_s=1.0))
+    assert half.working_set == 59 and half.parked_blocks == 11
     assert half.admit(queue[10:], gateway(1.0, 64, active_sessions=10)) == ()
     update = half.events[-1]
     assert isinstance(update, WindowUpdate)

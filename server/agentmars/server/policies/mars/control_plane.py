@@ -75,8 +75,10 @@ class MarsControlPlane(AdmissionHalf):
             self._durations.record(TOOL_CPU, cpu)
         elif isinstance(event, LLMEnd) and event.status == "ok":
             self._durations.record("llm", event.duration_s)
-            tokens = (event.prompt_tokens or 0) + (event.output_tokens or 0)
-            self._project(event.session_id, tokens)
+            # Without the engine's count (a stream that reported no usage) the call's
+            # projection from its submit stands: an unknown context is not an empty one.
+            if event.prompt_tokens is not None:
+                self._project(event.session_id, event.prompt_tokens + (event.output_tokens or 0))
             self._park(event.session_id, True)
         elif isinstance(event, LLMSubmit):
             self._park(event.session_id, False)
