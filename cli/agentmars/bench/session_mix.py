@@ -831,14 +831,22 @@ def run(
 
 
 def run_order(policies: Sequence[str], runs: int) -> list[tuple[int, str]]:
-    """(run, policy) in the order they are served: the policies interleaved run by run
-    (fcfs, continuum, fcfs, continuum, ...), so slow drift of the machine (its load, its
-    clock, the page cache) hits every policy alike. Runs count from 1."""
+    """(run, policy) in the order they are served: the policies interleaved run by run,
+    each run's order rotated by one (fcfs, continuum, mars; continuum, mars, fcfs; ...),
+    so slow drift of the machine (its load, its clock, the page cache) hits every policy
+    alike, and with as many runs as policies each is served once in every place of a
+    run: on a host whose speed moves within minutes, a fixed order gives the drift
+    within a run to one policy. Runs count from 1."""
     if runs < 1:
         raise SessionMixError(f"--runs must be at least 1, not {runs}")
     if not policies:
         raise SessionMixError("give at least one policy")
-    return [(run_index, policy) for run_index in range(1, runs + 1) for policy in policies]
+    n = len(policies)
+    return [
+        (run_index, policies[(run_index - 1 + place) % n])
+        for run_index in range(1, runs + 1)
+        for place in range(n)
+    ]
 
 
 def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
