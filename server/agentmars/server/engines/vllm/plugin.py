@@ -92,7 +92,12 @@ from agentmars.server.engines.vllm.paused import PausedSessions  # noqa: E402
 from agentmars.server.engines.vllm.pins import PinTable  # noqa: E402
 from agentmars.server.engines.vllm.preemption import steer_victim  # noqa: E402
 from agentmars.server.engines.vllm.ticker import IdleTicker  # noqa: E402
-from agentmars.server.engines.vllm.views import SchedulerView, SessionBook, session_of  # noqa: E402
+from agentmars.server.engines.vllm.views import (  # noqa: E402
+    RequestCall,
+    SchedulerView,
+    SessionBook,
+    session_of,
+)
 from agentmars.server.engines.vllm.waiting_order import WaitingOrder  # noqa: E402
 from agentmars.server.policies.feed import EventFeed  # noqa: E402
 from agentmars.server.policies.interface import EngineHalf, Offload, Pin, SessionAction  # noqa: E402
@@ -591,9 +596,10 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         call, whether it must find blocks for its whole prompt first."""
         view = self.engine_view
         free = view.free_blocks
+        call = view.call(request)
         if self._partial_starts and request.status in WAITING_STATES:
             # Set for every waiting call, so none inherits the previous one's answer.
-            self.scheduler_reserve_full_isl = self._reserve_full(request, tokens, free)
+            self.scheduler_reserve_full_isl = self._reserve_full(call, tokens, free)
         if tokens == 0 or num_computed_tokens >= request.num_prompt_tokens:
             return tokens
         # A running call still has room in its last block: it holds the blocks of its
@@ -603,10 +609,10 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         # need no free ones).
         room = -num_computed_tokens % view.block_size if request.status is RUNNING else 0
         fit = room + free * view.block_size
-        chunk = self.agentmars_policy.chunk(view.call(request), tokens, fit, view)
+        chunk = self.agentmars_policy.chunk(call, tokens, fit, view)
         return max(0, min(tokens, chunk))
 
-    def _reserve_full(self, request: Any, tokens: int, free: int) -> bool:
+    def _reserve_full(self, call: RequestCall, tokens: int, free: int) -> bool:
         """Whether vLLM must find blocks for the whole prompt before the call starts:
         not if the policy never asks for it; yes when they are free (vLLM's own check
         then passes); else unless the policy lets this call start on what fits.
@@ -619,11 +625,11 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             return False
         if tokens == 0:
             return True
-        pin = view.pin_of(session_of(request) or "")
-        needed = view.blocks_for(request.num_tokens) - (pin.blocks if pin is not None else 0)
+        pin = view.pin_of(call.session_id)
+        needed = view.blocks_for(call.num_tokens) - (pin.blocks if pin is not None else 0)
         if needed <= free:
             return True
-        return not policy.may_start_partial(view.call(request), view)
+        return not policy.may_start_partial(call, view)
 
     def update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
@@ -709,8 +715,11 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
 
     def _reclaim_and_retry(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         """Drop other sessions' pins in the policy's order until the allocation fits."""
+        held = self.pin_table.pins
+        if not held:
+            return None
         own = session_of(request)
-        pins = [pin for pin in self.pin_table.pins.values() if pin.session_id != own]
+        pins = [pin for pin in held.values() if pin.session_id != own]
         if not pins:
             return None
         needed = self.engine_view.blocks_for(request.num_tokens) - self.engine_view.free_blocks

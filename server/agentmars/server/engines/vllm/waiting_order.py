@@ -22,6 +22,10 @@ from typing import Any
 KeyOf = Callable[[Any], tuple[str, Any]]
 """A request's session id and sort key (smaller first)."""
 
+_length = deque.__len__
+"""A deque's length, read in C: vLLM's waiting queue, a deque, overrides ``__len__``
+and ``__bool__`` in Python (three calls for each ``if queue``)."""
+
 RESORT_SHARE = 4
 """Sort the whole queue once more than a quarter of it moved (ours: a placement costs
 a few comparisons and two passes over the queue in C; a sort, one key per call)."""
@@ -72,15 +76,16 @@ class WaitingOrder:
 
     def order(self, queue: deque[Any]) -> None:
         """Put ``queue`` (vLLM's waiting queue) in the policy's order, in place."""
-        if len(queue) < 2:
+        size = _length(queue)
+        if size < 2:
             pass
         elif not self._kept:
             self.forget_all()
             self._sort(queue)
-        elif not self._sorted or len(self._moved) * RESORT_SHARE > len(queue):
+        elif not self._sorted or len(self._moved) * RESORT_SHARE > size:
             self._sort(queue)
-        else:
-            self._place(list(self._moved.values()), queue)
+        elif self._moved:
+            self._place(self._moved, queue)
         self._moved.clear()
         self._sorted = self._kept
 
@@ -96,16 +101,35 @@ class WaitingOrder:
         queue.clear()
         queue.extend(ordered)
 
-    def _place(self, moved: list[Any], queue: deque[Any]) -> None:
+    def _place(self, moved: dict[str, Any], queue: deque[Any]) -> None:
         """Take the moved calls out (the rest is in order), then put each in its
-        place."""
-        back = []
-        for request in moved:
+        place. vLLM adds a call at the tail and a preempted one at the head: those are
+        taken off the ends, only the others looked for (a removal compares every
+        call before it); one whose key is last goes back at the tail."""
+        back = self._take_ends(moved, queue)
+        for request in moved.values():
             try:
                 queue.remove(request)
             except ValueError:
                 continue  # no longer waiting (scheduled, finished or held)
             back.append(request)
+        key_of = self._key
         for request in back:
-            key = self._key(request)
-            queue.insert(bisect.bisect_right(queue, key, key=self._key), request)
+            key = key_of(request)
+            size = _length(queue)
+            if not size or key_of(queue[-1]) <= key:
+                queue.append(request)
+            else:
+                queue.insert(bisect.bisect_right(queue, key, 0, size, key=key_of), request)
+
+    @staticmethod
+    def _take_ends(moved: dict[str, Any], queue: deque[Any]) -> list[Any]:
+        """The moved calls at the queue's tail and head, taken off it (and out of
+        ``moved``)."""
+        taken = []
+        for take, end in ((queue.pop, -1), (queue.popleft, 0)):
+            while _length(queue) and moved.get(queue[end].request_id) is queue[end]:
+                request = take()
+                del moved[request.request_id]
+                taken.append(request)
+        return taken
