@@ -49,6 +49,13 @@ def test_a_vllm_python_that_does_not_exist_is_named(command: str, tmp_path: Path
     assert f"the vLLM python {missing} does not exist" in done.stderr
 
 
+def test_bench_plugin_refuses_an_unknown_policy_before_looking_for_vllm() -> None:
+    done = _run("plugin", "--policies", "mars,no-such")
+    assert done.returncode == 2
+    assert "unknown policy 'no-such'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_gateway_bench_over_vllm_names_a_missing_python(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-python"
     done = _run("gateway", "--vllm-python", str(missing))

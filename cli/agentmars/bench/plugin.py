@@ -49,6 +49,8 @@ class PluginBenchOptions:
     reps: int = 10
     kv_blocks: int = 1024
     seed: int = 0
+    policies: tuple[str, ...] = PLUGIN_POLICIES
+    """The plugin's policies measured against stock vLLM."""
 
     def argv(self, json_path: Path) -> list[str]:
         return [
@@ -72,6 +74,8 @@ class PluginBenchOptions:
             str(self.kv_blocks),
             "--seed",
             str(self.seed),
+            "--policies",
+            ",".join(self.policies),
         ]
 
 
@@ -162,8 +166,6 @@ def run(options: PluginBenchOptions, json_out: Path | None) -> dict[str, Any]:
 
 # --- instructions (valgrind's callgrind) ---------------------------------------------
 
-SCHEDULERS = (STOCK, *PLUGIN_POLICIES)
-"""Stock vLLM, then the plugin with each policy."""
 TOGGLE_SOURCE = Path(__file__).with_name("callgrind_toggle.c")
 NEEDED = "install valgrind and gcc (Debian packages; see scripts/apt-packages.txt)"
 CALLGRIND_TIMEOUT_S = 3600.0
@@ -230,7 +232,8 @@ def count(options: PluginBenchOptions, progress: ProgressFn) -> dict[str, Any]:
         progress("the schedulers under callgrind", 1, 1)
         runs: dict[str, dict[str, Any]] = json.loads((folder / "runs.json").read_text())
         counts = callgrind_dumps(folder, "schedule")
-    missing = [scheduler for scheduler in SCHEDULERS if scheduler not in counts]
+    schedulers = (STOCK, *options.policies)
+    missing = [scheduler for scheduler in schedulers if scheduler not in counts]
     if missing:
         raise RuntimeError(f"callgrind wrote no dump for {', '.join(missing)}")
     tokens = {scheduler: run.pop("output_tokens") for scheduler, run in runs.items()}
@@ -244,7 +247,7 @@ def count(options: PluginBenchOptions, progress: ProgressFn) -> dict[str, Any]:
         "schedulers": runs,
         "instructions_ratio_to_stock": {
             scheduler: runs[scheduler]["instructions_per_step"] / stock
-            for scheduler in SCHEDULERS[1:]
+            for scheduler in schedulers[1:]
         },
         "same_tokens": all(tokens[scheduler] == tokens[STOCK] for scheduler in tokens),
     }

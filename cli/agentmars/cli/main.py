@@ -242,6 +242,13 @@ def bench_plugin(
     reps: Annotated[int, typer.Option(min=1, help="Runs of each scheduler.")] = 10,
     kv_blocks: Annotated[int, typer.Option(min=16, help="KV blocks of 16 tokens.")] = 1024,
     seed: Annotated[int, typer.Option(help="Seed of the queue.")] = 0,
+    policies: Annotated[
+        str,
+        typer.Option(
+            help="The plugin's policies, comma-separated, each against stock vLLM "
+            "(e.g. MARS's ablations)."
+        ),
+    ] = "fcfs,continuum,mars",
     instructions: Annotated[
         bool,
         typer.Option(
@@ -256,13 +263,16 @@ def bench_plugin(
     from agentmars.bench.plugin import PluginBenchOptions, run, run_count
     from agentmars.bench.vllm_env import BenchSetupError, find_vllm_python
     from agentmars.cli.serve import stop_on_sigterm
+    from agentmars.server.engines.vllm.bench_schedule import policy_list
 
     try:
+        chosen = policy_list(policies)
         python = find_vllm_python(vllm_python)
         stop_on_sigterm()  # SIGTERM unwinds like Ctrl-C: the measurement's group stops
-        options = PluginBenchOptions(python, sessions, turns, reps, kv_blocks, seed)
+        options = PluginBenchOptions(python, sessions, turns, reps, kv_blocks, seed, chosen)
         (run_count if instructions else run)(options, json_out)
-    except (BenchSetupError, RuntimeError) as exc:  # RuntimeError: the measurement failed
+    except (BenchSetupError, RuntimeError, ValueError) as exc:
+        # RuntimeError: the measurement failed; ValueError: --policies
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 

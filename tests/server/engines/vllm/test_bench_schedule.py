@@ -16,6 +16,7 @@ from agentmars.server.engines.vllm.bench_schedule import (
     VirtualClock,
     build_sessions,
     main,
+    policy_list,
     synthetic_token,
 )
 
@@ -75,6 +76,18 @@ def test_a_callgrind_run_names_a_missing_library(
     assert f"--count-with: no library at {missing}" in capsys.readouterr().err
 
 
+def test_policies_are_registered_names_each_once() -> None:
+    assert policy_list(" mars, mars-no-coscheduler ,") == ("mars", "mars-no-coscheduler")
+    for text, message in [
+        ("", "names no policy"),
+        ("mars,fcfs,mars", "names a policy twice"),
+        ("stock", "stock vLLM, which always runs"),
+        ("fcfs,no-such", "unknown policy 'no-such'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            policy_list(text)
+
+
 def test_the_virtual_clock_moves_only_when_advanced(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
@@ -98,7 +111,7 @@ def test_both_schedulers_finish_every_call_with_the_same_tokens(
         [
             str(vllm_python), "-m", "agentmars.server.engines.vllm.bench_schedule",
             "--sessions", "6", "--turns", "3", "--reps", "1", "--kv-blocks", "160",
-            "--json", str(out),
+            "--policies", "fcfs,continuum,mars,mars-no-coscheduler", "--json", str(out),
         ],
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
@@ -106,7 +119,8 @@ def test_both_schedulers_finish_every_call_with_the_same_tokens(
     # ignore_eos: every call generates exactly its max_tokens.
     sessions = build_sessions(QueueShape(sessions=6, turns=3))
     expected_tokens = sum(call.max_tokens for calls in sessions for call in calls)
-    assert set(figures["schedulers"]) == {"stock", "fcfs", "continuum", "mars"}
+    ablation = "mars-no-coscheduler"  # --policies: any registered policy the plugin runs
+    assert set(figures["schedulers"]) == {"stock", "fcfs", "continuum", "mars", ablation}
     for name, row in figures["schedulers"].items():
         assert (row["calls_finished"], row["output_tokens"]) == (18, expected_tokens), name
         assert row["schedule"]["calls"] == row["steps_per_run"] > 0
@@ -120,7 +134,7 @@ def test_both_schedulers_finish_every_call_with_the_same_tokens(
     assert figures["schedulers"]["continuum"]["prefix_lookups"]["hit_tokens_mean"] > 0
     assert figures["same_tokens"] is True
     ratios = figures["schedule_ratio_to_stock"]
-    assert set(ratios) == {"fcfs", "continuum", "mars"}
+    assert set(ratios) == {"fcfs", "continuum", "mars", ablation}
     assert all(min(r.values()) > 0 for r in ratios.values())
     assert all(set(r) == {"p50", "mean", "per_run", "paired"} for r in ratios.values())
 

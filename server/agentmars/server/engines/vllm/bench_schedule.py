@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 PLUGIN_POLICIES = ("fcfs", "continuum", "mars")
-"""The policies the plugin runs in the benchmark (stock vLLM is the baseline)."""
+"""The policies the plugin runs in the benchmark by default (stock vLLM is the
+baseline; ``--policies`` names others, e.g. MARS's ablations)."""
 STOCK = "stock"
 MAX_IDLE_STEPS = 100
 """Steps in a row that schedule nothing before a run is declared stuck."""
@@ -391,12 +392,13 @@ def compare(
     engine: SchedulerShape,
     reps: int,
     progress: Callable[[str], None] = lambda line: None,
+    policies: Sequence[str] = PLUGIN_POLICIES,
 ) -> dict[str, Any]:
     """Run stock vLLM and the plugin (each policy) over the same queue ``reps`` times
     each, alternating; per scheduler the pooled per-call figures and the ratios."""
     check_fits(queue, engine)
     sessions = build_sessions(queue)
-    names = [STOCK, *PLUGIN_POLICIES]
+    names = [STOCK, *policies]
     pooled: dict[str, dict[str, list[int]]] = {n: {"schedule": [], "update": []} for n in names}
     run_means: dict[str, list[float]] = {n: [] for n in names}
     tokens: dict[str, dict[str, int]] = {}
@@ -462,7 +464,8 @@ def _report(
                 for mean, stock_mean in zip(run_means[policy], run_means[STOCK], strict=True)
             ),
         }
-        for policy in PLUGIN_POLICIES
+        for policy in pooled
+        if policy != STOCK
     }
     return {
         "queue": asdict(queue),
@@ -502,7 +505,11 @@ class VirtualClock:
 
 
 def count(
-    model: Path, queue: QueueShape, engine: SchedulerShape, toggle_lib: Path
+    model: Path,
+    queue: QueueShape,
+    engine: SchedulerShape,
+    toggle_lib: Path,
+    policies: Sequence[str] = PLUGIN_POLICIES,
 ) -> dict[str, Any]:
     """Stock vLLM and the plugin with each policy, one after the other in this process,
     with callgrind collecting inside their ``schedule()`` calls only: ``toggle_lib``'s
@@ -523,7 +530,7 @@ def count(
     clock = VirtualClock()
     sessions = build_sessions(queue)
     runs = {}
-    for name in (STOCK, *PLUGIN_POLICIES):
+    for name in (STOCK, *policies):
         drive(make_scheduler(name, model, engine), name, sessions, engine.block_size)
         scheduler = make_scheduler(name, model, engine)
         schedule = scheduler.schedule
@@ -548,6 +555,22 @@ def count(
     return runs
 
 
+def policy_list(text: str) -> tuple[str, ...]:
+    """``--policies``: registered names, each once (ValueError: which is not)."""
+    from agentmars.server.policies.registry import policy_class
+
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise ValueError("--policies names no policy")
+    if len(set(names)) < len(names):
+        raise ValueError(f"--policies names a policy twice: {text}")
+    for name in names:
+        if name == STOCK:
+            raise ValueError(f"--policies: {STOCK!r} is stock vLLM, which always runs")
+        policy_class(name)  # UnknownPolicy is a ValueError
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: run the comparison and write its figures as JSON."""
     from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
@@ -563,6 +586,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-blocks", type=int, default=SchedulerShape.kv_blocks)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--policies",
+        default=",".join(PLUGIN_POLICIES),
+        help="the plugin's policies, comma-separated (stock vLLM always runs)",
+    )
+    parser.add_argument(
         "--count-with",
         type=Path,
         metavar="TOGGLE_LIB",
@@ -577,11 +605,12 @@ def main(argv: list[str] | None = None) -> int:
         engine = SchedulerShape(kv_blocks=args.kv_blocks)
         if args.reps < 1:
             raise ValueError("--reps must be at least 1")
+        policies = policy_list(args.policies)
     except ValueError as error:
         parser.error(str(error))
     try:
         if args.count_with is not None:
-            figures = count(ensure_tiny_model(), queue, engine, args.count_with)
+            figures = count(ensure_tiny_model(), queue, engine, args.count_with, policies)
         else:
             figures = compare(
                 ensure_tiny_model(),
@@ -589,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
                 engine,
                 args.reps,
                 lambda line: print(line, file=sys.stderr),
+                policies,
             )
     except ValueError as error:
         parser.error(str(error))
