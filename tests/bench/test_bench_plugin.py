@@ -1,4 +1,4 @@
-"""``agentmars bench plugin --instructions``'s parts that run without vLLM: the
+"""``agentmars bench plugin``'s parts that run without vLLM: the timed table, the
 callgrind client requests' library and the reading of callgrind's dumps (the whole
 command runs in tests/cli/test_bench_vllm.py)."""
 
@@ -91,3 +91,30 @@ def test_each_named_dump_counts_what_its_toggles_collected(tmp_path: Path) -> No
     # Ten times the work, about ten times the instructions; the 50,000 uncounted
     # squares would have made "large" six times larger.
     assert 5 < counts["large"] / counts["small"] < 15
+
+
+def test_the_timed_table_names_the_policies_it_ran() -> None:
+    from rich.console import Console
+
+    from agentmars.bench.plugin import table
+
+    def row(mean_us: float) -> dict[str, object]:
+        return {
+            "steps_per_run": 10,
+            "schedule": {"p50_us": mean_us, "mean_us": mean_us},
+            "prefix_lookups": {"us_per_step": 1.0, "hit_tokens_mean": 0.0},
+        }
+
+    ratio = {"p50": 1.2, "mean": 1.2, "per_run": 1.2, "paired": 1.2}
+    figures = {
+        "queue": {"sessions": 2, "turns": 1},
+        "reps": 1,
+        "same_tokens": True,
+        "schedulers": {"stock": row(10.0), "mars-no-coscheduler": row(12.0)},
+        "schedule_ratio_to_stock": {"mars-no-coscheduler": ratio},
+    }
+    console = Console(record=True, width=200)
+    console.print(table(figures))
+    text = console.export_text()
+    assert "mars-no-coscheduler: the plugin with that policy." in text
+    assert "continuum" not in text and "FAIL" in text

@@ -109,7 +109,8 @@ def table(figures: dict[str, Any]) -> Table:
         f"({queue['sessions']} sessions x {queue['turns']} turns), {figures['reps']} runs "
         f"each, alternating; target x paired (mean) <= {TARGET_RATIO:.2f}"
     )
-    caption = "fcfs, continuum, mars: the plugin with that policy. "
+    policies = [name for name in figures["schedulers"] if name != STOCK]
+    caption = f"{', '.join(policies)}: the plugin with that policy. "
     caption += tokens_line(figures["same_tokens"])
     caption += " " + lookups_line(figures["schedulers"])
     result = Table(title=title, caption=caption)
