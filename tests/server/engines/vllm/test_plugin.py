@@ -467,7 +467,11 @@ class TestOrderingServer:
         for thread in threads:
             thread.join(TIMEOUT_S)
         names = [entry.split("@")[0] for entry in finished]
-        assert names == ["long", "p200", "p400", "p600"], finished
+        assert [name for name in names if name != "long"] == ["p200", "p400", "p600"], finished
+        # The long call ran first; the next call (one token) ends right after it, and its
+        # small answer may reach its client before the long call's 4,000 tokens reach
+        # theirs (seen in CI: both at 12.19 s).
+        assert names.index("long") <= 1, finished
 
 
 # --- KV retention (Continuum: pin every finished call of a session for PIN_TTL_S) -------
