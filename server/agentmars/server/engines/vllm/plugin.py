@@ -380,8 +380,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         missing = self._blocks_to_start(request) - view.free_blocks
         if missing <= 0:
             return False
-        own = session_of(request)
-        pins = [pin for pin in self.pin_table.pins.values() if pin.session_id != own]
+        pins = self._others_pins(request)
         if not pins:
             return True
         for pin in self.agentmars_policy.reclaim(pins, missing, view):
@@ -715,11 +714,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
 
     def _reclaim_and_retry(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         """Drop other sessions' pins in the policy's order until the allocation fits."""
-        held = self.pin_table.pins
-        if not held:
-            return None
-        own = session_of(request)
-        pins = [pin for pin in held.values() if pin.session_id != own]
+        pins = self._others_pins(request)
         if not pins:
             return None
         needed = self.engine_view.blocks_for(request.num_tokens) - self.engine_view.free_blocks
@@ -729,6 +724,15 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             if blocks is not None:
                 return blocks
         return None
+
+    def _others_pins(self, request: Any) -> list[Any]:
+        """The pins of the sessions other than the request's, the ones pressure may
+        drop for it (with no pin held, its session is not looked up)."""
+        held = self.pin_table.pins
+        if not held:
+            return []
+        own = session_of(request)
+        return [pin for pin in held.values() if pin.session_id != own]
 
     def _choose_victim(self, candidates: Sequence[Any]) -> Any:
         view = self.engine_view
