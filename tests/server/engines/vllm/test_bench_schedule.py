@@ -5,6 +5,7 @@ each finishing every call of a small queue with the same tokens."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from agentmars.server.engines.vllm.bench_schedule import (
     VirtualClock,
     build_sessions,
     main,
+    one_core,
     policy_list,
     synthetic_token,
 )
@@ -153,7 +155,7 @@ for calls in sessions:
 pins, orders = scheduler.pin_table, []
 
 def order():
-    scheduler._forget_changed_keys()
+    scheduler._forget_changed_keys(time.monotonic())
     scheduler._waiting_order.order(scheduler.waiting)
     orders.append([r.sampling_params.extra_args["session_id"] for r in scheduler.waiting])
 
@@ -182,3 +184,13 @@ def test_the_kept_waiting_order_follows_pin_changes(vllm_python: Path) -> None:
         ["s002", "s000", "s001"],
         ["s001", "s000", "s002"],
     ]
+
+
+def test_the_timed_runs_hold_one_core_and_give_the_others_back() -> None:
+    allowed = os.sched_getaffinity(0)
+    with one_core() as core:
+        assert os.sched_getaffinity(0) == {core} and core in allowed
+    assert os.sched_getaffinity(0) == allowed
+    with pytest.raises(RuntimeError), one_core():
+        raise RuntimeError("a run failed")
+    assert os.sched_getaffinity(0) == allowed

@@ -27,6 +27,7 @@ pinning runs there. The pure parts (the queue) import no vLLM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
@@ -395,8 +396,36 @@ def compare(
     policies: Sequence[str] = PLUGIN_POLICIES,
 ) -> dict[str, Any]:
     """Run stock vLLM and the plugin (each policy) over the same queue ``reps`` times
-    each, alternating; per scheduler the pooled per-call figures and the ratios."""
+    each, alternating, on one core (``one_core``); per scheduler the pooled per-call
+    figures and the ratios."""
     check_fits(queue, engine)
+    with one_core():
+        return _compare(model, queue, engine, reps, progress, policies)
+
+
+@contextlib.contextmanager
+def one_core() -> Iterator[int]:
+    """This process on one of the cores it may use (the last), for the duration: a
+    step the kernel moves to another core starts with its caches cold (ours: on the
+    2-core host of 2026-12-01, MARS's ratio over runs of 20 spread 1.100-1.140 in five
+    unpinned, 1.094-1.115 in four pinned; FCFS's 1.034-1.060 and 1.028-1.038)."""
+    allowed = os.sched_getaffinity(0)
+    core = max(allowed)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield core
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def _compare(
+    model: Path,
+    queue: QueueShape,
+    engine: SchedulerShape,
+    reps: int,
+    progress: Callable[[str], None],
+    policies: Sequence[str],
+) -> dict[str, Any]:
     sessions = build_sessions(queue)
     names = [STOCK, *policies]
     pooled: dict[str, dict[str, list[int]]] = {n: {"schedule": [], "update": []} for n in names}
