@@ -133,6 +133,9 @@ class EngineData:
     def running_growth_blocks(self) -> int:
         return sum(growth_blocks(call, self.blocks_for) for call in self.running)
 
+    def running_growth_up_to(self, blocks: int) -> int:
+        return min(self.running_growth_blocks, blocks)
+
     def pin_of(self, session_id: str) -> PinData | None:
         return next((pin for pin in self.pins if pin.session_id == session_id), None)
 

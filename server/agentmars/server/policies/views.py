@@ -197,6 +197,10 @@ class EngineView(ToolFigures, Protocol):
         the blocks they hold now: ``growth_blocks`` between steps; within a step
         also less what the calls scheduled so far were given."""
 
+    def running_growth_up_to(self, blocks: int) -> int:
+        """``min(running_growth_blocks, blocks)`` for ``blocks >= 0``, counted only
+        that far (a policy comparing the growth with the free blocks needs no more)."""
+
     @property
     def waiting(self) -> Sequence[CallView]: ...
     @property

@@ -116,6 +116,9 @@ class KVEngineView:
     def running(self) -> Sequence[Call]:
         return self.scheduler.running
 
+    def running_growth_up_to(self, blocks: int) -> int:
+        return min(self.running_growth_blocks, blocks)
+
     @property
     def running_growth_blocks(self) -> int:
         blocks_for = self.kv.blocks_for

@@ -56,7 +56,7 @@ SCRIPT = textwrap.dedent(
     for i in range(500):
         table.pin("d", b, now=20.0 + i, ttl_s=3600.0, session_arrival_s=0.0)
         table.release("d", "next_call")
-    assert len(table._expiries) <= 2 * len(table) + 64
+    assert len(table.expiries) <= 2 * len(table) + 64
     assert table.release_all("shutdown") == 1
     assert (free(), table.pinned_blocks, table.released["expired"]) == (10, 0, 2)
     print("ok")

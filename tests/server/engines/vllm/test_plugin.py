@@ -721,3 +721,60 @@ class TestPinningServer:
         assert metric_total(client.get("/metrics").text, "vllm:num_preemptions") > preemptions
         figures = kv_status(status)
         assert figures.used_blocks == figures.pinned_blocks > 0
+
+
+# --- allocations routed past the pins' wrapper ------------------------------------------
+
+ROUTING_PROBE = """
+import collections, json, sys
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.request import RequestStatus
+from agentmars.server.engines.vllm import bench_schedule as b
+from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
+
+seen = collections.Counter()
+scheduler = None
+allocate = KVCacheManager.allocate_slots
+
+def recorded(manager, request, *args, **kwargs):
+    wrapped = manager.__dict__["allocate_slots"] is scheduler._allocate_with_pins
+    route = "wrapped" if wrapped else "direct"
+    blocks = allocate(manager, request, *args, **kwargs)
+    status = "running" if request.status is RequestStatus.RUNNING else "waiting"
+    seen[f"{route} {status}"] += 1
+    if blocks is None:
+        seen[f"{route} {status} failed"] += 1
+    if route == "direct" and status == "waiting" and scheduler.pin_table.pins:
+        seen["direct waiting with pins"] += 1
+    return blocks
+
+KVCacheManager.allocate_slots = recorded
+shape = b.SchedulerShape()
+scheduler = b.make_scheduler(sys.argv[1], ensure_tiny_model(), shape)
+result = b.drive(scheduler, sys.argv[1], b.build_sessions(b.QueueShape()), shape.block_size)
+seen["pressure releases"] = scheduler.pin_table.released["pressure"]
+seen["calls"] = len(result.output_tokens)
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["mars", "continuum"])
+def test_allocations_routed_past_the_wrapper_are_those_it_would_pass_through(
+    vllm_python: Path, policy: str
+) -> None:
+    """On bench_schedule's queue (pins, pressure and preemptions), an allocation that
+    skips the pins' wrapper is a running call's that succeeds, or a waiting call's
+    while no pin is held: the two cases where the wrapper does nothing. The others went
+    through it, and some of those failed and were answered with pins reclaimed."""
+    done = subprocess.run(
+        [vllm_python, "-c", ROUTING_PROBE, policy],
+        check=True, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["calls"] == 256
+    assert seen["direct running"] > 0 and seen["direct waiting"] > 0
+    assert seen.get("direct running failed", 0) == 0
+    assert seen.get("direct waiting with pins", 0) == 0
+    assert seen.get("wrapped running failed", 0) + seen.get("wrapped waiting failed", 0) > 0
+    assert seen["pressure releases"] > 0

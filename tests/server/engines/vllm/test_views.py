@@ -32,8 +32,9 @@ class Scheduler:
     @property
     def kv_cache_manager(self) -> SimpleNamespace:
         group = SimpleNamespace(req_to_blocks=self.held)
+        pool = SimpleNamespace(num_gpu_blocks=1025, free_block_queue=None)
         return SimpleNamespace(
-            block_pool=None, coordinator=SimpleNamespace(single_type_managers=[group])
+            block_pool=pool, coordinator=SimpleNamespace(single_type_managers=[group])
         )
 
 
@@ -78,4 +79,8 @@ def test_growth_matches_the_direct_count_over_random_steps() -> None:
         if scheduler.running and rng.random() < 0.3:
             gone = scheduler.running.pop(rng.randrange(len(scheduler.running)))
             del scheduler.held[gone.request_id]
-        assert view.running_growth_blocks == growth_by_hand(scheduler), f"step {step}"
+        growth = growth_by_hand(scheduler)
+        assert view.running_growth_blocks == growth, f"step {step}"
+        # Counted up to a cap, as a policy comparing it with the free blocks asks.
+        for cap in (0, 1, max(growth - 1, 0), growth, growth + 1, rng.randint(0, 2 * growth + 2)):
+            assert view.running_growth_up_to(cap) == min(growth, cap), f"step {step} cap {cap}"

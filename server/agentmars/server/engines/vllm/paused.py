@@ -18,6 +18,9 @@ class PausedSessions:
     def __init__(self) -> None:
         self._held: dict[str, list[Any]] = {}
         """Paused session id -> its held requests, in arrival order."""
+        self.requests = 0
+        """Requests held, over all paused sessions (counted as they come and go: read
+        at every step)."""
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._held
@@ -25,22 +28,24 @@ class PausedSessions:
     def __len__(self) -> int:
         return len(self._held)
 
-    @property
-    def requests(self) -> int:
-        """Requests held, over all paused sessions."""
-        return sum(len(held) for held in self._held.values())
-
     def pause(self, session_id: str) -> None:
         self._held.setdefault(session_id, [])
 
     def hold(self, session_id: str, requests: Iterable[Any]) -> None:
-        self._held[session_id].extend(requests)
+        held = self._held[session_id]
+        before = len(held)
+        held.extend(requests)
+        self.requests += len(held) - before
 
     def resume(self, session_id: str) -> list[Any]:
         """The session's held requests (none if it was not paused)."""
-        return self._held.pop(session_id, [])
+        held = self._held.pop(session_id, [])
+        self.requests -= len(held)
+        return held
 
     def forget(self, request_ids: set[str]) -> None:
         """Requests that finished (an abort) while held."""
         for session_id, held in self._held.items():
-            self._held[session_id] = [r for r in held if r.request_id not in request_ids]
+            kept = [r for r in held if r.request_id not in request_ids]
+            self.requests -= len(held) - len(kept)
+            self._held[session_id] = kept

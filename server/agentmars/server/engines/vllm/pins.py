@@ -22,7 +22,7 @@ import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, get_args
 
 from agentmars.sdk.events import AnyEvent, KVPin, KVUnpin, ReleaseReason, clock
@@ -50,14 +50,15 @@ class Pin:
     pinned_s: float
     expires_s: float | None
     session_arrival_s: float
+    blocks: int = field(init=False)
+    """``len(held)``, kept as ``held`` shrinks (read at most decisions of MARS)."""
 
-    @property
-    def blocks(self) -> int:
-        return len(self.held)
+    def __post_init__(self) -> None:
+        self.blocks = len(self.held)
 
     @property
     def tokens(self) -> int:
-        return len(self.held) * self.block_size
+        return self.blocks * self.block_size
 
 
 class PinTable:
@@ -85,9 +86,10 @@ class PinTable:
         # scheduler counts, and a dict that gains no keys can be copied meanwhile.
         self.released: Counter[ReleaseReason] = Counter(dict.fromkeys(get_args(ReleaseReason), 0))
         """Pins released so far, by reason."""
-        # Pins with a TTL by expiry (a heap; entries of released pins are skipped when
-        # they come up): the check at every step looks at the first one only.
-        self._expiries: list[tuple[float, int, Pin]] = []
+        self.expiries: list[tuple[float, int, Pin]] = []
+        """Pins with a TTL by expiry (a heap; entries of released pins are skipped when
+        they come up): the check at every step looks at the first one only, and not
+        even that while it is empty (no pin has a TTL)."""
         self._order = itertools.count()
         self.changed: set[str] = set()
         """Sessions whose pin was taken or released since a reader last emptied this."""
@@ -130,13 +132,11 @@ class PinTable:
                 )
             )
         if pin.expires_s is not None:
-            heapq.heappush(self._expiries, (pin.expires_s, next(self._order), pin))
-            if len(self._expiries) > 2 * len(self.pins) + 64:
+            heapq.heappush(self.expiries, (pin.expires_s, next(self._order), pin))
+            if len(self.expiries) > 2 * len(self.pins) + 64:
                 # Entries of released pins pile up under a long TTL: keep the live ones.
-                self._expiries = [
-                    e for e in self._expiries if self.pins.get(e[2].session_id) is e[2]
-                ]
-                heapq.heapify(self._expiries)
+                self.expiries = [e for e in self.expiries if self.pins.get(e[2].session_id) is e[2]]
+                heapq.heapify(self.expiries)
         return pin
 
     def release(self, session_id: str, reason: ReleaseReason) -> Pin | None:
@@ -166,6 +166,7 @@ class PinTable:
             return pin.blocks
         tail = pin.held[-blocks:]
         del pin.held[-blocks:]
+        pin.blocks = len(pin.held)
         self._pool.free_blocks(reversed(tail))
         self.pinned_blocks -= blocks
         self.changed.add(session_id)
@@ -185,8 +186,8 @@ class PinTable:
     def release_expired(self, now: float) -> list[Pin]:
         """Release the pins whose time is up, earliest expiry first."""
         due = []
-        while self._expiries and self._expiries[0][0] <= now:
-            pin = heapq.heappop(self._expiries)[2]
+        while self.expiries and self.expiries[0][0] <= now:
+            pin = heapq.heappop(self.expiries)[2]
             if self.pins.get(pin.session_id) is pin:
                 self.release(pin.session_id, "expired")
                 due.append(pin)
@@ -197,7 +198,7 @@ class PinTable:
         count = len(self.pins)
         for session_id in list(self.pins):
             self.release(session_id, reason)
-        self._expiries.clear()
+        self.expiries.clear()
         return count
 
     def get(self, session_id: str) -> Pin | None:

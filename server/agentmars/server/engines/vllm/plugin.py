@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import operator
 import os
 import threading
@@ -81,6 +82,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # type: ignore[im
 from vllm.v1.core.sched.interface import PauseState  # type: ignore[import-not-found]  # noqa: E402
 from vllm.v1.core.sched.request_queue import SchedulingPolicy  # type: ignore[import-not-found]  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # type: ignore[import-not-found]  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec  # type: ignore[import-not-found]  # noqa: E402
 from vllm.v1.request import RequestStatus  # type: ignore[import-not-found]  # noqa: E402
 
 from agentmars.sdk.events import AnyEvent, KVStats, SessionPause, SessionResume  # noqa: E402
@@ -172,8 +174,8 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         self.agentmars_policy.publish = self._publish
         self._lock = threading.RLock()
         self._paused = PausedSessions()
-        self._next_tick_s = 0.0
         interval = self.agentmars_policy.tick_interval_s
+        self._next_tick_s = 0.0 if interval is not None else math.inf
         self._ticker = IdleTicker(interval, self._tick_if_idle) if interval else None
         logger.info("agentmars policy %s %s", self.agentmars_policy_name, dict(config.settings))
 
@@ -199,22 +201,43 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         # A preemptive policy's waiting calls may displace running ones (schedule()).
         self._preemptive = bool(policy.preemptive)
         self._chunks = policy.chunk is not EngineHalf.chunk
-        self._keys_refreshed_s = time.monotonic()
+        refresh = self.agentmars_policy.priority_refresh_s
+        self._next_refresh_s = time.monotonic() + refresh if refresh else math.inf
         # A policy that lets a waiting call start on less than its whole prompt says
         # so per call, where vLLM is about to allocate with scheduler_reserve_full_isl.
         self._partial_starts = policy.may_start_partial is not EngineHalf.may_start_partial
         if not self.agentmars_policy.reserve_full_prompt:
             self.scheduler_reserve_full_isl = False
-        if policy.chunk is not EngineHalf.chunk or self._partial_starts:
-            self._reserve_prefill_lookahead = self._hooked_reserve_prefill_lookahead()
         # The default victim is the last running call, the one vLLM takes anyway.
         self._steers_victims = policy.victim is not EngineHalf.victim
         # The default on_call_finished never pins.
         pins = policy.on_call_finished is not EngineHalf.on_call_finished
+        self._allocate_with_pins: Callable[..., Any] | None = None
         if pins or self._steers_victims:
             # allocate_slots is where both of schedule()'s loops learn that KV is short,
             # right before they preempt: wrapping it lets pins go first.
-            self.kv_cache_manager.allocate_slots = self._hooked_allocate_slots()
+            self._allocate_with_pins = self._hooked_allocate_slots()
+            self.kv_cache_manager.allocate_slots = self._allocate_with_pins
+        self._routes_allocations = self._allocate_with_pins is not None and (
+            self._allocations_bounded()
+        )
+        if self._chunks or self._partial_starts or self._routes_allocations:
+            self._reserve_prefill_lookahead = self._hooked_reserve_prefill_lookahead()
+
+    def _allocations_bounded(self) -> bool:
+        """Whether the wrapper's work on an allocation is known before it (what
+        ``_hooked_reserve_prefill_lookahead`` routes by): with one full-attention KV
+        group a running call holds the blocks of its computed tokens, so ``n`` more
+        tokens and vLLM's lookahead need at most ``cdiv(n + lookahead, block_size)``
+        new blocks; and with no KV connector each of vLLM's allocations follows its
+        ``_reserve_prefill_lookahead`` (an asynchronous KV load skips it)."""
+        groups = self.kv_cache_config.kv_cache_groups
+        return (
+            self.connector is None
+            and len(groups) == 1
+            and type(groups[0].kv_cache_spec) is FullAttentionSpec
+            and groups[0].kv_cache_spec.block_size == self.block_size
+        )
 
     def _find_cpu_tier(self) -> Any:
         """The agentmars CPU tier, if vLLM runs the ``OffloadingConnector`` with our
@@ -280,11 +303,19 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
-            self._take_hints()
-            self.pin_table.release_expired(self.engine_view.now)
-            self._tick_if_due()
-            self._forget_changed_keys()
-            self._waiting_order.order(self.waiting)
+            # Each part is looked at before it is called: cold after vLLM's own work,
+            # the calls cost more than the nothing most of them do at most steps.
+            if self._hints is not None and not self._hints.empty():
+                self._take_hints()
+            if self.pin_table.expiries:
+                self.pin_table.release_expired(self.engine_view.now)
+            now = time.monotonic()
+            if now >= self._next_tick_s:
+                self._tick(now)
+            if self.pin_table.changed or now >= self._next_refresh_s:
+                self._forget_changed_keys(now)
+            if not self._waiting_order.settled:
+                self._waiting_order.order(self.waiting)
             if self._preemptive:
                 self._displace_for_waiting()
             output = super().schedule(*args, **kwargs)
@@ -432,13 +463,13 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
     # --- ticks and pauses ---------------------------------------------------------------
 
     def _tick_if_due(self) -> None:
-        interval = self.agentmars_policy.tick_interval_s
-        if interval is None:
-            return
         now = time.monotonic()
-        if interval and now < self._next_tick_s:
-            return
-        self._next_tick_s = now + interval
+        if now >= self._next_tick_s:
+            self._tick(now)
+
+    def _tick(self, now: float) -> None:
+        """The policy's tick (due at ``_next_tick_s``: never for a policy without one)."""
+        self._next_tick_s = now + (self.agentmars_policy.tick_interval_s or 0.0)
         self._apply(self.agentmars_policy.tick(self.engine_view))
 
     def _tick_if_idle(self) -> None:
@@ -555,13 +586,12 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         priority = self.agentmars_policy.priority(call, view)
         return call.session_id, (priority, request.arrival_time, request.request_id)
 
-    def _forget_changed_keys(self) -> None:
+    def _forget_changed_keys(self, now: float) -> None:
         """Forget the kept keys of the sessions whose pin changed since the last step,
-        and all of them every ``priority_refresh_s``."""
-        refresh = self.agentmars_policy.priority_refresh_s
-        if refresh and time.monotonic() - self._keys_refreshed_s >= refresh:
+        and all of them every ``priority_refresh_s`` (due at ``_next_refresh_s``)."""
+        if now >= self._next_refresh_s:
             self._waiting_order.forget_all()
-            self._keys_refreshed_s = time.monotonic()
+            self._next_refresh_s = now + (self.agentmars_policy.priority_refresh_s or math.inf)
         changed = self.pin_table.changed
         if changed:
             if self._pins_change_keys:
@@ -570,31 +600,58 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
 
     def _hooked_reserve_prefill_lookahead(self) -> Callable[[Any, int, int], int]:
         """vLLM's last word on a chunk's size before it allocates, in both of
-        ``schedule()``'s loops: the policy's ``chunk`` caps a prompt's chunk here, and
-        a waiting call's ``scheduler_reserve_full_isl`` is set from the policy.
+        ``schedule()``'s loops: the policy's ``chunk`` caps a prompt's chunk here, a
+        waiting call's ``scheduler_reserve_full_isl`` is set from the policy, and the
+        allocation that follows is routed past the pins' wrapper (``allocate_slots``)
+        where the wrapper would do nothing (``_allocations_bounded``):
+
+        - a running call's that cannot fail, its tokens and the lookahead fitting the
+          free blocks: the wrapper acts for a running call only on a failure;
+        - a waiting call's while no pin is held: there is nothing to reclaim or hand
+          over, and a waiting call's failure steers no victim.
 
         vLLM asks for every running call at every step, most of them decodes: without
         a multi-token drafter its own rule keeps a decode's count, so the closure
-        answers those at once, reading nothing off ``self``."""
+        answers those at once, reading nothing off ``self``. (Through the wrapper,
+        every decode's allocation was a quarter of what the plugin added to MARS's
+        step: py-spy on bench_schedule's queue.)"""
         stock = super()._reserve_prefill_lookahead
         no_drafter = self.num_prefill_lookahead <= 1
-        decide = self._chunk_and_start
+        decide = self._chunk_and_start if self._chunks or self._partial_starts else None
+        routes = self._routes_allocations
+        manager = self.kv_cache_manager
+        wrapped, direct = self._allocate_with_pins, self._stock_allocate_slots
+        free_queue = manager.block_pool.free_block_queue
+        pins = self.pin_table.pins
+        block_size, lookahead = self.block_size, self.num_lookahead_tokens
 
         def reserve_prefill_lookahead(
             request: Any, num_computed_tokens: int, num_new_tokens: int
         ) -> int:
             if no_drafter and num_computed_tokens >= request.num_prompt_tokens:
-                return num_new_tokens
-            tokens: int = stock(request, num_computed_tokens, num_new_tokens)
-            return decide(request, num_computed_tokens, tokens)
+                tokens = num_new_tokens
+            else:
+                tokens = stock(request, num_computed_tokens, num_new_tokens)
+                if decide is not None:
+                    free = free_queue.num_free_blocks
+                    tokens = decide(request, num_computed_tokens, tokens, free)
+            if routes:
+                if request.status is RUNNING:
+                    bare = tokens + lookahead <= free_queue.num_free_blocks * block_size
+                else:
+                    bare = not pins
+                manager.allocate_slots = direct if bare else wrapped
+            return tokens
 
         return reserve_prefill_lookahead
 
-    def _chunk_and_start(self, request: Any, num_computed_tokens: int, tokens: int) -> int:
-        """A prompt's chunk as the policy caps it (``tokens``: vLLM's); for a waiting
-        call, whether it must find blocks for its whole prompt first."""
+    def _chunk_and_start(
+        self, request: Any, num_computed_tokens: int, tokens: int, free: int
+    ) -> int:
+        """A prompt's chunk as the policy caps it (``tokens``: vLLM's; ``free``: the
+        free blocks); for a waiting call, whether it must find blocks for its whole
+        prompt first."""
         view = self.engine_view
-        free = view.free_blocks
         call = view.call(request)
         if self._partial_starts and request.status in WAITING_STATES:
             # Set for every waiting call, so none inherits the previous one's answer.
@@ -606,9 +663,9 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         # drafter's lookahead slots are not counted, which only shrinks the room). A
         # waiting call holds no blocks yet (its prefix hit is cached blocks, which
         # need no free ones).
-        room = -num_computed_tokens % view.block_size if request.status is RUNNING else 0
-        fit = room + free * view.block_size
-        chunk = self.agentmars_policy.chunk(call, tokens, fit, view)
+        block_size = self.block_size
+        room = -num_computed_tokens % block_size if request.status is RUNNING else 0
+        chunk = self.agentmars_policy.chunk(call, tokens, room + free * block_size, view)
         return max(0, min(tokens, chunk))
 
     def _reserve_full(self, call: RequestCall, tokens: int, free: int) -> bool:
@@ -619,16 +676,18 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         (referenced, so they take no free block), where vLLM's own count also leaves
         out other referenced cached blocks: it may ask the policy about a call vLLM
         would have let in whole, never the other way round."""
-        policy, view = self.agentmars_policy, self.engine_view
+        policy = self.agentmars_policy
         if not policy.reserve_full_prompt:
             return False
         if tokens == 0:
             return True
-        pin = view.pin_of(call.session_id)
-        needed = view.blocks_for(call.num_tokens) - (pin.blocks if pin is not None else 0)
+        pin = self.pin_table.pins.get(call.session_id)
+        needed = -(-call.request.num_tokens // self.block_size)
+        if pin is not None:
+            needed -= pin.blocks
         if needed <= free:
             return True
-        return not policy.may_start_partial(call, view)
+        return not policy.may_start_partial(call, self.engine_view)
 
     def update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         with self._lock:

@@ -12,6 +12,7 @@ metadata").
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -225,7 +226,12 @@ class SchedulerView(FollowsTools):
         """Their summed wall time, schedule to output."""
         # Fixed for the engine's life; read at almost every decision.
         self.block_size: int = int(scheduler.block_size)
-        self._block_pool = scheduler.kv_cache_manager.block_pool
+        block_pool = scheduler.kv_cache_manager.block_pool
+        # Block 0 is vLLM's null block, never allocated.
+        self.total_blocks: int = int(block_pool.num_gpu_blocks) - 1
+        # The pool's count of free blocks, read where its get_num_free_blocks() reads
+        # it: one call fewer at each of the decisions that ask.
+        self._free_queue = block_pool.free_block_queue
         # Each request's blocks in the first (full-attention) KV group, by request id:
         # vLLM's own record, read without building a KVCacheBlocks for each.
         self._held = scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
@@ -245,13 +251,8 @@ class SchedulerView(FollowsTools):
         return time.time()
 
     @property
-    def total_blocks(self) -> int:
-        # Block 0 is vLLM's null block, never allocated.
-        return int(self._block_pool.num_gpu_blocks) - 1
-
-    @property
     def free_blocks(self) -> int:
-        return int(self._block_pool.get_num_free_blocks())
+        return int(self._free_queue.num_free_blocks)
 
     @property
     def pinned_blocks(self) -> int:
@@ -277,9 +278,13 @@ class SchedulerView(FollowsTools):
 
     @property
     def running_growth_blocks(self) -> int:
+        return self.running_growth_up_to(sys.maxsize)
+
+    def running_growth_up_to(self, blocks: int) -> int:
         # Read from vLLM's requests and block record themselves: through the calls'
         # views it cost a MARS step a tenth of stock vLLM's schedule()
-        # (bench_schedule), and MARS asks for it at almost every step.
+        # (bench_schedule), and MARS asks for it at almost every step, where the
+        # free blocks, its cap, are few.
         size, held = self.block_size, self._held
         growth = 0
         for request in self._scheduler.running:
@@ -287,6 +292,8 @@ class SchedulerView(FollowsTools):
             need -= len(held.get(request.request_id, ()))
             if need > 0:
                 growth += need
+                if growth >= blocks:
+                    return blocks
         return growth
 
     @property

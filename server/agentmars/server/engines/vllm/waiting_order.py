@@ -24,7 +24,8 @@ KeyOf = Callable[[Any], tuple[str, Any]]
 
 _length = deque.__len__
 """A deque's length, read in C: vLLM's waiting queue, a deque, overrides ``__len__``
-and ``__bool__`` in Python (three calls for each ``if queue``)."""
+and ``__bool__`` in Python (three calls for each ``if queue``, and one for each
+negative index)."""
 
 RESORT_SHARE = 4
 """Sort the whole queue once more than a quarter of it moved (ours: a placement costs
@@ -43,11 +44,15 @@ class WaitingOrder:
         self._moved: dict[str, Any] = {}
         """Request id -> request, for the calls that may be out of place."""
         self._sorted = False
+        self.settled = False
+        """The queue is in order, and stays so until a call joins or a key goes: the
+        scheduler need not call ``order`` meanwhile (never, when keys are not kept)."""
 
     def joined(self, request: Any) -> None:
         """A call was added to the queue: its key is made anew when it is placed."""
         self.left(request.request_id)
         self._moved[request.request_id] = request
+        self.settled = False
 
     def left(self, request_id: str) -> None:
         """A call is gone for good (finished): forget its key."""
@@ -68,11 +73,12 @@ class WaitingOrder:
                 request = requests.get(request_id)
                 if request is not None and self._is_waiting(request):
                     self._moved[request_id] = request
+                    self.settled = False
 
     def forget_all(self) -> None:
         self._keys.clear()
         self._ids_of.clear()
-        self._sorted = False
+        self._sorted = self.settled = False
 
     def order(self, queue: deque[Any]) -> None:
         """Put ``queue`` (vLLM's waiting queue) in the policy's order, in place."""
@@ -87,7 +93,7 @@ class WaitingOrder:
         elif self._moved:
             self._place(self._moved, queue)
         self._moved.clear()
-        self._sorted = self._kept
+        self._sorted = self.settled = self._kept
 
     def _key(self, request: Any) -> Any:
         entry = self._keys.get(request.request_id)
@@ -117,7 +123,7 @@ class WaitingOrder:
         for request in back:
             key = key_of(request)
             size = _length(queue)
-            if not size or key_of(queue[-1]) <= key:
+            if not size or key_of(queue[size - 1]) <= key:
                 queue.append(request)
             else:
                 queue.insert(bisect.bisect_right(queue, key, 0, size, key=key_of), request)
@@ -125,11 +131,18 @@ class WaitingOrder:
     @staticmethod
     def _take_ends(moved: dict[str, Any], queue: deque[Any]) -> list[Any]:
         """The moved calls at the queue's tail and head, taken off it (and out of
-        ``moved``)."""
+        ``moved``). Indexes count from the head: a negative one makes the deque ask
+        vLLM's queue for its length, in Python."""
         taken = []
-        for take, end in ((queue.pop, -1), (queue.popleft, 0)):
-            while _length(queue) and moved.get(queue[end].request_id) is queue[end]:
-                request = take()
-                del moved[request.request_id]
-                taken.append(request)
+        size = _length(queue)
+        while size and moved.get(queue[size - 1].request_id) is queue[size - 1]:
+            request = queue.pop()
+            del moved[request.request_id]
+            taken.append(request)
+            size -= 1
+        while size and moved.get(queue[0].request_id) is queue[0]:
+            request = queue.popleft()
+            del moved[request.request_id]
+            taken.append(request)
+            size -= 1
         return taken

@@ -85,9 +85,10 @@ class OpportunisticCoScheduler:
         # they preempt): cheaper than looking for it among the running calls.
         running = call.num_computed_tokens > 0
         if opportunistic:
-            others = view.running_growth_blocks
-            if running:
-                others -= growth_blocks(call, view.blocks_for)
+            own = growth_blocks(call, view.blocks_for) if running else 0
+            # Growth past the blocks that fit leaves none either way: counted that far.
+            fit_blocks = max(fit_tokens, 0) // view.block_size
+            others = view.running_growth_up_to(own + fit_blocks + 1) - own
             fit_tokens -= others * view.block_size
         if tokens <= fit_tokens:
             return tokens
@@ -107,12 +108,13 @@ class OpportunisticCoScheduler:
         waiting call start on what fits (vLLM with --no-scheduler-reserve-full-isl)
         preempted a hundred times as often as FCFS and tripled its mean latency, and
         one start at a time on any free block still preempted in a loop."""
-        if view.free_blocks < 1:
+        free = view.free_blocks
+        if free < 1:
             return False
         partial = self._partial
         if partial is not None and partial.call_id != call.call_id and self.in_prompt(partial):
             return False
-        if view.free_blocks - view.running_growth_blocks < 1:
+        if view.running_growth_up_to(free) >= free:
             return False
         self._partial = call
         self._partial_preemptions = call.num_preemptions

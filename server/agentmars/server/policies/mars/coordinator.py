@@ -62,21 +62,17 @@ class PriorityAwareCoordinator:
         return sum(window) if window else 0
 
     def base_level(self, blocks: int, view: EngineView) -> int:
+        """The footprint's levels (``blocks``)."""
         base = max(view.total_blocks * self.settings.footprint_base_fraction, 1.0)
         return doublings(blocks, base)
 
-    def service_levels(self, session_id: str) -> int:
-        return self._service_levels.get(session_id, 0)
-
-    def footprint(self, call: CallView, view: EngineView) -> int:
-        """Blocks the call needs beyond its session's pin."""
-        pin = view.pin_of(call.session_id)
-        return max(view.blocks_for(call.num_tokens) - (pin.blocks if pin else 0), 1)
-
     def level(self, call: CallView, view: EngineView) -> int:
         settings = self.settings
-        level = self.base_level(self.footprint(call, view), view)
-        level = min(level + self.service_levels(call.session_id), settings.levels - 1)
+        # The footprint: the blocks the call needs beyond its session's pin.
+        pin = view.pin_of(call.session_id)
+        footprint = max(view.blocks_for(call.num_tokens) - (pin.blocks if pin else 0), 1)
+        level = self.base_level(footprint, view) + self._service_levels.get(call.session_id, 0)
+        level = min(level, settings.levels - 1)
         waited = max(view.now - call.arrival_s, 0.0)
         level -= min(int(waited // settings.promotion_wait_s), settings.max_promotion)
         return max(level, 0)
@@ -96,7 +92,7 @@ class PriorityAwareCoordinator:
         )
 
     def pin_level(self, pin: PinView, view: EngineView) -> int:
-        level = self.base_level(pin.blocks, view) + self.service_levels(pin.session_id)
+        level = self.base_level(pin.blocks, view) + self._service_levels.get(pin.session_id, 0)
         return min(level, self.settings.levels - 1)
 
     def reclaim(self, pins: Sequence[PinView], view: EngineView) -> list[PinView]:

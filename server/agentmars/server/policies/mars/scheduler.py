@@ -31,6 +31,13 @@ class MarsScheduler(EngineHalf):
         self.tick_interval_s = settings.pin_review_interval_s
         self.coordinator = PriorityAwareCoordinator(settings)
         self.co_scheduler = OpportunisticCoScheduler(settings)
+        # The decisions an engine asks for at almost every step go straight to the part
+        # that makes them. The methods below say which part, and mark on the class what
+        # MARS decides (engines read that off it); they are not called through. An
+        # ablation's fallback, its class's, stays.
+        for name, part in DELEGATED:
+            if getattr(type(self), name) is getattr(MarsScheduler, name):
+                setattr(self, name, getattr(getattr(self, part), name))
 
     def on_event(self, event: AnyEvent) -> None:
         self.coordinator.on_event(event)
@@ -59,6 +66,16 @@ class MarsScheduler(EngineHalf):
     def tick(self, view: EngineView) -> Sequence[SessionAction]:
         self.co_scheduler.forget_gone_partial(view)
         return self.co_scheduler.review(view.pins, view)
+
+
+DELEGATED = (
+    ("priority", "coordinator"),
+    ("victim", "coordinator"),
+    ("chunk", "co_scheduler"),
+    ("may_start_partial", "co_scheduler"),
+    ("on_call_finished", "co_scheduler"),
+)
+"""The engine half's decisions made by one part alone, with its signature."""
 
 
 class NoCoordinatorScheduler(MarsScheduler):
