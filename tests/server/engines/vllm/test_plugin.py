@@ -273,8 +273,12 @@ def test_a_victim_not_offered_is_refused() -> None:
 TEST_POLICY_MODULE = "agentmars_plugin_test_policies"
 TEST_POLICY = textwrap.dedent(
     '''
-    """A policy for the plugin's tests: shortest prompt first, chunks of 128 tokens."""
-    from agentmars.server.policies.interface import EngineHalf, Policy
+    """A policy for the plugin's tests: shortest prompt first, chunks of 128 tokens;
+    each finished call's prompt length is written to AGENTMARS_TEST_FINISHED, in the
+    engine's order (its clients may hear of calls that end together in any order)."""
+    import os
+
+    from agentmars.server.policies.interface import EngineHalf, Policy, Release
     from agentmars.server.policies.registry import register
 
 
@@ -284,6 +288,11 @@ TEST_POLICY = textwrap.dedent(
 
         def chunk(self, call, tokens, fit_tokens, view):
             return min(tokens, 128)
+
+        def on_call_finished(self, call, view):
+            with open(os.environ["AGENTMARS_TEST_FINISHED"], "a") as out:
+                out.write(f"{call.prompt_tokens}\\n")
+            return Release()
 
 
     @register
@@ -304,6 +313,11 @@ def tiny_model(vllm_python: Path) -> Path:
 @pytest.fixture(scope="session")
 def vocab_size(tiny_model: Path) -> int:
     return model_vocab_size(tiny_model)
+
+
+FINISHED_FILE = "finished.txt"
+"""Next to the ordering server's KV status file: the test policy's record of finished
+calls' prompt lengths, in the engine's order."""
 
 
 @pytest.fixture(scope="class")
@@ -330,6 +344,7 @@ def ordering_server(
         "AGENTMARS_POLICY": "test-shortest-prompt",
         "AGENTMARS_POLICY_MODULES": TEST_POLICY_MODULE,
         "AGENTMARS_KV_STATUS_FILE": str(folder / "kv.json"),
+        "AGENTMARS_TEST_FINISHED": str(folder / FINISHED_FILE),
     }
     with serve_vllm(config, folder / "server.log", env=env) as base_url:
         yield base_url, folder / "kv.json"
@@ -441,15 +456,23 @@ class TestOrderingServer:
     ) -> None:
         """Behind a long call, three calls arrive with prompts of 600, 200 and 400 tokens;
         one call runs at a time, so the policy's order (shortest prompt first) is the order
-        in which they finish: 200, 400, 600 (FCFS would give 600, 200, 400)."""
+        in which they finish: 200, 400, 600 (FCFS would give 600, 200, 400). The order is
+        read from the engine (the test policy's record), not from the clients: in CI the
+        four answers reached them within 10 ms of each other, in any order."""
         base_url = ordering_server[0]
+        record = ordering_server[1].parent / FINISHED_FILE
+        before = len(record.read_text().splitlines()) if record.exists() else 0
         finished: list[str] = []
         lock = threading.Lock()
         started = time.monotonic()
 
         def run(name: str, prompt_tokens: int, max_tokens: int, seed: int) -> None:
+            # Each its own session: the plugin asks the policy about a named session's
+            # calls only.
+            xargs = {"session_id": name, "turn": 0}
             with httpx.Client(base_url=base_url, timeout=TIMEOUT_S) as client:
-                _complete(client, random_prompt(prompt_tokens, vocab_size, seed), max_tokens)
+                prompt = random_prompt(prompt_tokens, vocab_size, seed)
+                _complete(client, prompt, max_tokens, vllm_xargs=xargs)
             with lock:
                 finished.append(f"{name}@{time.monotonic() - started:.2f}")
 
@@ -466,12 +489,9 @@ class TestOrderingServer:
         assert not finished, "the long call ended before the others queued"
         for thread in threads:
             thread.join(TIMEOUT_S)
-        names = [entry.split("@")[0] for entry in finished]
-        assert [name for name in names if name != "long"] == ["p200", "p400", "p600"], finished
-        # The long call ran first; the next call (one token) ends right after it, and its
-        # small answer may reach its client before the long call's 4,000 tokens reach
-        # theirs (seen in CI: both at 12.19 s).
-        assert names.index("long") <= 1, finished
+        assert len(finished) == 4, finished
+        ended = [int(line) for line in record.read_text().splitlines()[before:]]
+        assert ended == [20, 200, 400, 600], finished  # the long call's prompt is 20 tokens
 
 
 # --- KV retention (Continuum: pin every finished call of a session for PIN_TTL_S) -------
