@@ -633,8 +633,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             else:
                 tokens = stock(request, num_computed_tokens, num_new_tokens)
                 if decide is not None:
-                    free = free_queue.num_free_blocks
-                    tokens = decide(request, num_computed_tokens, tokens, free)
+                    tokens = decide(request, num_computed_tokens, tokens)
             if routes:
                 if request.status is RUNNING:
                     bare = tokens + lookahead <= free_queue.num_free_blocks * block_size
@@ -645,13 +644,11 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
 
         return reserve_prefill_lookahead
 
-    def _chunk_and_start(
-        self, request: Any, num_computed_tokens: int, tokens: int, free: int
-    ) -> int:
-        """A prompt's chunk as the policy caps it (``tokens``: vLLM's; ``free``: the
-        free blocks); for a waiting call, whether it must find blocks for its whole
-        prompt first."""
+    def _chunk_and_start(self, request: Any, num_computed_tokens: int, tokens: int) -> int:
+        """A prompt's chunk as the policy caps it (``tokens``: vLLM's); for a waiting
+        call, whether it must find blocks for its whole prompt first."""
         view = self.engine_view
+        free = view.free_blocks
         call = view.call(request)
         if self._partial_starts and request.status in WAITING_STATES:
             # Set for every waiting call, so none inherits the previous one's answer.
@@ -676,18 +673,16 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         (referenced, so they take no free block), where vLLM's own count also leaves
         out other referenced cached blocks: it may ask the policy about a call vLLM
         would have let in whole, never the other way round."""
-        policy = self.agentmars_policy
+        policy, view = self.agentmars_policy, self.engine_view
         if not policy.reserve_full_prompt:
             return False
         if tokens == 0:
             return True
-        pin = self.pin_table.pins.get(call.session_id)
-        needed = -(-call.request.num_tokens // self.block_size)
-        if pin is not None:
-            needed -= pin.blocks
+        pin = view.pin_of(call.session_id)
+        needed = view.blocks_for(call.num_tokens) - (pin.blocks if pin is not None else 0)
         if needed <= free:
             return True
-        return not policy.may_start_partial(call, self.engine_view)
+        return not policy.may_start_partial(call, view)
 
     def update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         with self._lock:

@@ -135,14 +135,14 @@ class WaitingOrder:
         vLLM's queue for its length, in Python."""
         taken = []
         size = _length(queue)
-        while size and moved.get(queue[size - 1].request_id) is queue[size - 1]:
-            request = queue.pop()
-            del moved[request.request_id]
-            taken.append(request)
-            size -= 1
-        while size and moved.get(queue[0].request_id) is queue[0]:
-            request = queue.popleft()
-            del moved[request.request_id]
-            taken.append(request)
-            size -= 1
+        for take, at_tail in ((queue.pop, True), (queue.popleft, False)):
+            while size:
+                request = queue[size - 1 if at_tail else 0]
+                request_id = request.request_id
+                if moved.get(request_id) is not request:
+                    break
+                take()
+                del moved[request_id]
+                taken.append(request)
+                size -= 1
         return taken
