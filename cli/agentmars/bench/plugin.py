@@ -145,14 +145,15 @@ def tokens_line(same_tokens: bool) -> str:
 
 
 def lookups_line(schedulers: dict[str, Any]) -> str:
-    """vLLM's own prefix-cache lookups per scheduler: work inside ``schedule()`` that
+    """The prefix-cache lookups per scheduler (vLLM's own under stock vLLM, the
+    plugin's ``prefix_lookup`` where it makes them): work inside ``schedule()`` that
     grows with the hits a policy's kept KV gives, not with the plugin's decisions."""
     parts = [
         f"{'vLLM' if name == 'stock' else name} {row['prefix_lookups']['us_per_step']:.1f} µs "
         f"({row['prefix_lookups']['hit_tokens_mean']:.0f} tokens hit)"
         for name, row in schedulers.items()
     ]
-    return "vLLM's prefix lookups per step (mean hit): " + ", ".join(parts) + "."
+    return "The prefix lookups per step (mean hit): " + ", ".join(parts) + "."
 
 
 def run(options: PluginBenchOptions, json_out: Path | None) -> dict[str, Any]:

@@ -169,6 +169,8 @@ def test_a_call_ending_in_a_tool_call_is_pinned_and_its_next_call_resumes_warm(
         warm_next = warm_context + random_prompt(TOOL_RESULT_TOKENS, vocab_size, seed=3)
         _call(client, "warm", warm_next, turn=1, follows_tool=True, expects_tool=False)
         assert _hits(mars_engine) - before == CONTEXT_BLOCKS * CPU_BLOCK_SIZE  # 1,280 tokens
+        # Found by the plugin's lookup (prefix_lookup): the tiny model's layout is plain.
+        assert "agentmars: prefix lookups by the plugin" in mars_engine.log.read_text()
         resumed = kv_status(mars_engine.status)
         # The next call took the pin over; it expected no tool, so it pinned nothing.
         assert released(resumed, pinned) == {"next_call": 1}

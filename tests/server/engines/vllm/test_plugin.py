@@ -405,6 +405,7 @@ def test_plugin_import_loads_no_more_of_agentmars_than_it_uses(vllm_python: Path
             "kv_status",
             "hints",
             "pins",
+            "prefix_lookup",
             "preemption",
             "displacement",
             "views",

@@ -168,10 +168,11 @@ class RunResult:
 
 @dataclass
 class PrefixLookups:
-    """vLLM's own prefix-cache lookups over a run (``get_computed_blocks``, made for a
-    waiting call each time vLLM's waiting loop reaches it): a policy that keeps KV
-    makes the hits longer, and each lookup walks every block of its hit. Counted in
-    the unrecorded warm-up run only, so the timed runs carry no instrument."""
+    """The prefix-cache lookups over a run (``_get_local_prefix_cache_hit``, made for a
+    waiting call each time vLLM's waiting loop reaches it: vLLM's own, or the plugin's
+    ``prefix_lookup`` where it walks the hash map itself): a policy that keeps KV makes
+    the hits longer, and each lookup walks every block of its hit. Counted in the
+    unrecorded warm-up run only, so the timed runs carry no instrument."""
 
     lookups: int = 0
     hit_tokens: int = 0
@@ -179,8 +180,7 @@ class PrefixLookups:
 
     def watch(self, scheduler: Any) -> None:
         """Count the scheduler's lookups from now on."""
-        manager = scheduler.kv_cache_manager
-        lookup = manager.get_computed_blocks
+        lookup = scheduler._get_local_prefix_cache_hit
 
         def counted(request: Any) -> Any:
             started = time.perf_counter_ns()
@@ -190,7 +190,7 @@ class PrefixLookups:
             self.hit_tokens += found[1]
             return found
 
-        manager.get_computed_blocks = counted
+        scheduler._get_local_prefix_cache_hit = counted
 
     def figures(self, steps: int) -> dict[str, float]:
         return {
@@ -585,7 +585,9 @@ def count(
 
 
 def policy_list(text: str) -> tuple[str, ...]:
-    """``--policies``: registered names, each once (ValueError: which is not)."""
+    """``--policies``: registered names, each once, that the plugin runs as
+    ``make_scheduler`` configures it (ValueError: which is not, and why)."""
+    from agentmars.server.engines.vllm.plugin_config import PluginConfig
     from agentmars.server.policies.registry import policy_class
 
     names = tuple(name.strip() for name in text.split(",") if name.strip())
@@ -597,6 +599,8 @@ def policy_list(text: str) -> tuple[str, ...]:
         if name == STOCK:
             raise ValueError(f"--policies: {STOCK!r} is stock vLLM, which always runs")
         policy_class(name)  # UnknownPolicy is a ValueError
+        # A hints socket, no profile, no CPU tier; refused: PluginConfigError, a ValueError.
+        PluginConfig(policy=name, hints_address="ipc://bench-schedule").make_engine_half()
     return names
 
 
@@ -650,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
                 policies,
             )
     except ValueError as error:
-        parser.error(str(error))
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
     text = json.dumps(figures, indent=2) + "\n"
     if args.json is None:
         sys.stdout.write(text)

@@ -43,6 +43,9 @@ changes:
   a ``pause`` releases the session's pin, preempts its running calls and holds its
   waiting and arriving ones (``paused``) until ``resume``; the engine publishes
   ``session_pause`` / ``session_resume`` for the gateway's admission half.
+- Prefix lookups: where the KV layout makes vLLM's lookup of a waiting call's prefix
+  a plain walk of its hash map, the plugin walks it in one loop (``prefix_lookup``):
+  the same answer, without five calls a block of the hit.
 - The side channel to the gateway: KV figures (a ``kv_stats`` event: free, pinned,
   used, total blocks, pins, releases, steps) published at 10 Hz and the engine half's
   own events as they come (``kv_status``); the stream's events in (``hints``), each
@@ -93,6 +96,7 @@ from agentmars.server.engines.vllm.kv_status import KVStatusPublisher  # noqa: E
 from agentmars.server.engines.vllm.paused import PausedSessions  # noqa: E402
 from agentmars.server.engines.vllm.pins import PinTable  # noqa: E402
 from agentmars.server.engines.vllm.preemption import steer_victim  # noqa: E402
+from agentmars.server.engines.vllm.prefix_lookup import PrefixLookup  # noqa: E402
 from agentmars.server.engines.vllm.ticker import IdleTicker  # noqa: E402
 from agentmars.server.engines.vllm.views import (  # noqa: E402
     RequestCall,
@@ -223,6 +227,11 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         )
         if self._chunks or self._partial_starts or self._routes_allocations:
             self._reserve_prefill_lookahead = self._hooked_reserve_prefill_lookahead()
+        # A policy that keeps KV makes vLLM's lookups walk long hits (prefix_lookup).
+        lookup = PrefixLookup.of(self)
+        if lookup is not None:
+            self._get_local_prefix_cache_hit = lookup.hit
+        logger.info("agentmars: prefix lookups by %s", "vLLM" if lookup is None else "the plugin")
 
     def _allocations_bounded(self) -> bool:
         """Whether the wrapper's work on an allocation is known before it (what
@@ -429,7 +438,7 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         vLLM's count is the same for a model with one full-attention KV group; a chunk
         here ignores what the running calls take of the token budget first."""
         view, policy = self.engine_view, self.agentmars_policy
-        groups, hit_tokens, _ = self.kv_cache_manager.get_computed_blocks(request)
+        groups, hit_tokens, _, _ = self._get_local_prefix_cache_hit(request)
         hit = groups.blocks[0] if groups.blocks else ()
         # A cached block no one holds is in the free queue: taking it uses a free block.
         held = sum(1 for block in hit if block.ref_cnt > 0)
