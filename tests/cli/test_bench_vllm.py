@@ -49,11 +49,21 @@ def test_a_vllm_python_that_does_not_exist_is_named(command: str, tmp_path: Path
     assert f"the vLLM python {missing} does not exist" in done.stderr
 
 
-def test_bench_plugin_refuses_an_unknown_policy_before_looking_for_vllm() -> None:
-    done = _run("plugin", "--policies", "mars,no-such")
+@pytest.mark.parametrize(
+    ("policies", "message"),
+    [
+        ("mars,no-such", "unknown policy 'no-such'"),
+        # Registered, but it needs a cost profile the bench's plugin is not given.
+        ("mars,continuum-dy", "the vLLM plugin cannot run policy 'continuum-dy'"),
+    ],
+)
+def test_bench_plugin_refuses_a_policy_it_cannot_run_before_looking_for_vllm(
+    policies: str, message: str
+) -> None:
+    done = _run("plugin", "--policies", policies)
     assert done.returncode == 2
-    assert "unknown policy 'no-such'" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr and "usage:" not in done.stderr
 
 
 def test_the_gateway_bench_over_vllm_names_a_missing_python(tmp_path: Path) -> None:

@@ -85,6 +85,7 @@ def test_policies_are_registered_names_each_once() -> None:
         ("mars,fcfs,mars", "names a policy twice"),
         ("stock", "stock vLLM, which always runs"),
         ("fcfs,no-such", "unknown policy 'no-such'"),
+        ("fcfs,continuum-dy", "cannot run policy 'continuum-dy': it needs costs"),
     ]:
         with pytest.raises(ValueError, match=message):
             policy_list(text)
