@@ -203,6 +203,13 @@ class PrefixLookups:
 # --- the real vLLM scheduler (imports vLLM) ------------------------------------------
 
 
+def plugin_environment(policy: str, hints_address: str) -> dict[str, str]:
+    """The plugin's environment here: the policy, with the side channel agentmars serve
+    gives it (Continuum needs its tool figures; nothing is sent on it), no cost profile
+    and no CPU tier."""
+    return {"AGENTMARS_POLICY": policy, "AGENTMARS_HINTS_ADDR": hints_address}
+
+
 @functools.cache
 def _sockets() -> tempfile.TemporaryDirectory[str]:
     """A private folder for the plugin's socket, removed when the process exits."""
@@ -241,11 +248,8 @@ def make_scheduler(name: str, model: Path, shape: SchedulerShape) -> Any:
     if name == STOCK:
         cls: Any = Scheduler
     else:
-        # The plugin reads its policy from the engine's environment (plugin_config),
-        # with the side channel agentmars serve gives it (Continuum needs its tool
-        # figures); nothing is sent on it here.
-        os.environ["AGENTMARS_POLICY"] = name
-        os.environ["AGENTMARS_HINTS_ADDR"] = f"ipc://{_sockets().name}/hints"
+        # The plugin reads its policy from the engine's environment (plugin_config).
+        os.environ.update(plugin_environment(name, f"ipc://{_sockets().name}/hints"))
         from agentmars.server.engines.vllm.plugin import AgentmarsScheduler
 
         cls = AgentmarsScheduler
@@ -599,8 +603,9 @@ def policy_list(text: str) -> tuple[str, ...]:
         if name == STOCK:
             raise ValueError(f"--policies: {STOCK!r} is stock vLLM, which always runs")
         policy_class(name)  # UnknownPolicy is a ValueError
-        # A hints socket, no profile, no CPU tier; refused: PluginConfigError, a ValueError.
-        PluginConfig(policy=name, hints_address="ipc://bench-schedule").make_engine_half()
+        # Refused: PluginConfigError, a ValueError. The address is only named, not bound.
+        config = PluginConfig.from_env(plugin_environment(name, "ipc://bench-schedule"))
+        config.make_engine_half()
     return names
 
 

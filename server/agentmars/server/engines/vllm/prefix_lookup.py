@@ -14,8 +14,9 @@ as the map's first block for it: that run is walked here in one loop. For any ot
 layout ``PrefixLookup.of`` gives None and the plugin keeps vLLM's lookup.
 
 NOTE: ours — it reads vLLM 0.32's map (``BlockHashToBlockMap._cache``) and key
-(``make_block_hash_with_group_id``) directly; tests/server/engines/vllm/test_plugin.py
-checks every lookup of bench_schedule's queue against vLLM's own.
+(``make_block_hash_with_group_id``) directly;
+tests/server/engines/vllm/test_prefix_lookup.py checks every lookup of bench_schedule's
+queue against vLLM's own.
 """
 
 from __future__ import annotations
@@ -39,8 +40,7 @@ class PrefixLookup:
         self._manager = manager
         self._pool = manager.block_pool
         self._block_size: int = manager.coordinator.block_size
-        empty_hash = b""
-        self._suffix = make_block_hash_with_group_id(empty_hash, GROUP)
+        self._suffix = make_block_hash_with_group_id(b"", GROUP)
 
     @classmethod
     def of(cls, scheduler: Any) -> PrefixLookup | None:
