@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agentmars.bench.gateway import run
+from agentmars.bench.gateway import _client, run
+from agentmars.sdk.http_guard import Receive, Scope, Send
+from agentmars.server.web.serving import serve_in_thread
 
 
 def test_gateway_figures_are_complete_and_the_proxied_paths_are_the_longer(
@@ -16,7 +18,9 @@ def test_gateway_figures_are_complete_and_the_proxied_paths_are_the_longer(
     out = tmp_path / "gateway.json"
     result = run(30, out)
     assert json.loads(out.read_text()) == result
-    assert (result["calls"], result["engine"]) == (30, "scripted")
+    assert (result["calls"], result["engine"], result["connections"]) == (
+        30, "scripted", "keep-alive"
+    )  # fmt: skip
     for proxy in ("gateway", "pass_through"):
         phase = result[proxy]
         for path in ("direct_ms", "through_ms"):
@@ -36,3 +40,17 @@ def test_an_engine_latency_shows_in_every_direct_call() -> None:
         phase = result[proxy]
         assert phase["direct_ms"]["p50"] >= 5
         assert phase["through_ms"]["p50"] > phase["direct_ms"]["p50"]
+
+
+async def _client_port(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": str(scope["client"][1]).encode()})
+
+
+@pytest.mark.parametrize(("fresh_connections", "connections"), [(False, 1), (True, 5)])
+def test_calls_reuse_one_connection_unless_fresh_ones_are_asked_for(
+    fresh_connections: bool, connections: int
+) -> None:
+    with serve_in_thread(_client_port) as url, _client(fresh_connections) as client:
+        assert len({client.get(url).text for _ in range(5)}) == connections

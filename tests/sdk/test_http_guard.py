@@ -12,13 +12,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import psutil
 import pytest
 
 from agentmars.sdk.auth import UNAUTHORISED
 from agentmars.sdk.http_guard import MAX_HEADER_BYTES, Receive, RequestGuard, Scope, Send
-from agentmars.server.web.serving import serve_in_thread
+from agentmars.server.web.serving import listening_socket, serve_in_thread
+from tests.connections import accepted_nodelay
 from tests.raw_http import (
     PIECE,
     closed_by_server,
@@ -263,6 +266,22 @@ def test_an_idle_keep_alive_connection_is_still_closed(parser: str) -> None:
         started = time.monotonic()
         assert closed_by_server(sock)
         assert time.monotonic() - started < 3
+
+
+@PARSERS
+@pytest.mark.parametrize("handed_over", [False, True], ids=["bound-by-uvicorn", "handed-over"])
+def test_every_accepted_connection_sends_without_nagle_delay(
+    parser: str, handed_over: bool
+) -> None:
+    """TCP_NODELAY on the server's side of a keep-alive connection, also when the
+    server runs on a socket bound before it (``agentmars serve``'s), where asyncio
+    leaves Nagle on: each response's body then waited for the client's delayed ACK."""
+    listener = listening_socket("127.0.0.1", 0) if handed_over else None
+    app = BodyReader()
+    with serve_in_thread(app, http=parser, listener=listener) as url, httpx.Client() as client:
+        for _ in range(3):
+            assert client.post(url, content=b"{}").json() == {"size": 2}
+        assert accepted_nodelay(urlsplit(url).port or 0) == [True]
 
 
 def test_importing_the_guard_loads_no_web_framework() -> None:

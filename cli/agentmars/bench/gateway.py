@@ -1,6 +1,8 @@
 """Latency the gateway adds: the same short completion sent straight to an engine and
 through the gateway (its own process, FCFS, on loopback), alternating call by call so
-both see the same machine (and each path first every other time).
+both see the same machine (and each path first every other time). Each path's calls
+reuse one connection (keep-alive, as the openai client does); ``fresh_connections``
+opens one per call instead.
 
 Two engines: our scripted OpenAI-compatible server, by default answering at once
 (``engine_latency_ms`` makes it wait that long first), where the difference is the
@@ -40,6 +42,13 @@ WARMUP = 50
 
 def _body(model: str) -> dict[str, Any]:
     return {"model": model, "prompt": "hello there", "max_tokens": 1}
+
+
+def _client(fresh_connections: bool) -> httpx.Client:
+    """One connection per origin, reused call after call; or none kept, one per call."""
+    if fresh_connections:
+        return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+    return httpx.Client()
 
 
 def _one(client: httpx.Client, url: str, body: dict[str, Any]) -> int:
@@ -101,15 +110,17 @@ def measure(
     vllm_python: Path | None = None,
     engine_latency_ms: float = 0,
     proxies: Mapping[str, Hop] = PROXIES,
+    fresh_connections: bool = False,
 ) -> dict[str, tuple[list[int], list[int]]]:
-    """Per proxy: the direct and the proxied latencies (ns) of its phase."""
+    """Per proxy: the direct and the proxied latencies (ns) of its phase; each path on a
+    connection of its own, reused (else a new one per call: ``fresh_connections``)."""
     if vllm_python is not None and engine_latency_ms:
         raise ValueError("an engine latency is for the scripted engine, not vLLM")
     if engine_latency_ms < 0:
         raise ValueError(f"the engine latency must be >= 0 ms, not {engine_latency_ms:g}")
     phases = {}
     engine = _engine(vllm_python, engine_latency_ms / 1000)
-    with engine as (engine_url, model), httpx.Client() as client:
+    with engine as (engine_url, model), _client(fresh_connections) as client:
         body = _body(model)
         for name, hop in proxies.items():
             env = {"AGENTMARS_GATEWAY_TOKEN": TOKEN}
@@ -138,18 +149,23 @@ def run(
     json_out: Path | None,
     vllm_python: Path | None = None,
     engine_latency_ms: float = 0,
+    fresh_connections: bool = False,
 ) -> dict[str, Any]:
     with progress_bars() as progress:
-        phases = measure(calls, progress, vllm_python, engine_latency_ms)
+        phases = measure(
+            calls, progress, vllm_python, engine_latency_ms, fresh_connections=fresh_connections
+        )
     if vllm_python is None:
         engine = f"scripted engine answering after {engine_latency_ms:g} ms"
     else:
         engine = "vLLM CPU, tiny model"
-    title = f"gateway overhead: {calls} short completions, alternating ({engine})"
+    connections = "a new connection per call" if fresh_connections else "keep-alive"
+    title = f"gateway overhead: {calls} short completions, alternating, {connections} ({engine})"
     table, figures = phase_table(title, phases, target_path="gateway")
     figures["engine"] = "scripted" if vllm_python is None else "vllm"
     figures["calls"] = calls
     figures["engine_latency_ms"] = engine_latency_ms
+    figures["connections"] = "fresh" if fresh_connections else "keep-alive"
     figures["added_p50_ms"] = figures["gateway"]["added_p50_ms"]
     figures["target_added_p50_ms"] = TARGET_ADDED_P50_MS
     figures["passed"] = figures["added_p50_ms"] <= TARGET_ADDED_P50_MS

@@ -7,7 +7,8 @@ read (401), a body limit on the bytes actually received, chunked bodies included
 (408). ``guarded_server``
 is a uvicorn server that closes connections whose request headers are not complete
 in time (uvicorn 0.54 has no such timeout: a client sending one header byte a second
-held a connection forever).
+held a connection forever), and sends on every connection it accepts without Nagle's
+delay, whatever socket it listens on (``_send_without_delay``).
 
 The limits are ours, chosen for agents on the same host or LAN, whose requests go out
 at once: see each constant. Nothing here imports a web framework at module level, so
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import socket
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -212,7 +214,9 @@ def guarded_server(
 ) -> uvicorn.Server:
     """A uvicorn server for ``app`` that times out slow clients: request headers
     within ``header_timeout_s`` (``HEADER_TIMEOUT_S``) and of at most
-    ``MAX_HEADER_BYTES``, idle keep-alive connections after ``KEEP_ALIVE_S``. ``http``
+    ``MAX_HEADER_BYTES``, idle keep-alive connections after ``KEEP_ALIVE_S``; every
+    connection it accepts has TCP_NODELAY, also on a socket handed to its ``run``
+    (``sockets=``, ``_send_without_delay``). ``http``
     is uvicorn's choice of parser (``"auto"``: httptools if installed, else h11), each
     with the header deadline added. ``config`` goes to ``uvicorn.Config`` (and may
     override ``timeout_keep_alive`` and ``log_level="warning"``)."""
@@ -274,9 +278,25 @@ class _HeaderDeadline:
         self.timeout_keep_alive_handler()
 
 
+def _send_without_delay(transport: asyncio.BaseTransport) -> None:
+    """Turn Nagle's algorithm off on an accepted TCP connection (TCP_NODELAY).
+
+    asyncio does this itself only for sockets whose ``proto`` is ``IPPROTO_TCP``: a
+    listener uvicorn binds from a host and port has it, but an accepted socket takes
+    its listener's, and one made with ``socket.socket(family, SOCK_STREAM)`` (ours,
+    ``web.serving.listening_socket``, handed to ``run(sockets=...)``) has 0. uvicorn
+    writes a response's head and its body separately, so with Nagle on the body waits
+    for the client to acknowledge the head; on a keep-alive connection (the openai
+    client's default) the client delays that ACK, and each call took ~40 ms more."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 @functools.cache
 def _protocol_with_header_deadline(parser: str, timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's protocol for ``parser`` with ``_HeaderDeadline`` hooked in."""
+    """uvicorn's protocol for ``parser`` with ``_HeaderDeadline`` hooked in, and
+    ``_send_without_delay`` on each connection it is made for."""
     if parser == "httptools":
         return _httptools_protocol(timeout_s)
     return _h11_protocol(timeout_s)
@@ -290,6 +310,7 @@ def _h11_protocol(timeout_s: float) -> type[asyncio.Protocol]:
         header_timeout_s = timeout_s
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            _send_without_delay(transport)
             super().connection_made(transport)
             self._expect_headers()
 
@@ -316,6 +337,7 @@ def _httptools_protocol(timeout_s: float) -> type[asyncio.Protocol]:
         _head_bytes = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            _send_without_delay(transport)
             super().connection_made(transport)
             self._expect_headers()
 

@@ -33,13 +33,21 @@ def serve_in_thread(
     host: str = "127.0.0.1",
     port: int = 0,
     startup_timeout_s: float = 10.0,
+    listener: socket.socket | None = None,
     **server_config: Any,
 ) -> Iterator[str]:
     """Serve ``app`` until the block ends; yields its base URL (``http://host:port``).
-    ``server_config`` goes to ``guarded_server`` (e.g. ``header_timeout_s``)."""
+    With ``listener`` (``listening_socket``) it serves on that socket, as ``agentmars
+    serve`` does, and ``host`` and ``port`` are the listener's. ``server_config`` goes
+    to ``guarded_server`` (e.g. ``header_timeout_s``)."""
     server_config = {"access_log": False, "lifespan": "on", **server_config}
+    if listener is not None:
+        host, port = listener.getsockname()[:2]
     server = guarded_server(app, host=host, port=port, **server_config)
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{host}:{port}", daemon=True)
+    sockets = None if listener is None else [listener]
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": sockets}, name=f"uvicorn-{host}:{port}", daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + startup_timeout_s
     while not server.started:
