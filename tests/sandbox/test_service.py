@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -22,7 +23,7 @@ from agentmars.sandbox.pool import SandboxPool
 from agentmars.sandbox.service import MAX_BODY_BYTES, create_sandbox_app
 from agentmars.sandbox.spec import MAX_ARGS, MAX_ENV_VARS, MAX_OUTPUT_CAP_BYTES, ExecSpec
 from agentmars.sdk.emitter import Emitter
-from agentmars.sdk.events import ToolEnd, clock
+from agentmars.sdk.events import MAX_COUNT, ToolEnd, clock
 from agentmars.sdk.sinks.memory import MemorySink
 from agentmars.sdk.tool_stats import OTHER_TOOLS
 from agentmars.server.web.serving import serve_in_subprocess, serve_in_thread
@@ -350,3 +351,106 @@ def test_metrics_stay_bounded_whatever_the_tool_names(
     assert f'tool="{OTHER_TOOLS}"' in metrics
     assert f'agentmars_sandbox_tool_calls_total{{status="ok",tool="{OTHER_TOOLS}"}} ' in metrics
     assert 'tool="tool-1499"' not in metrics
+
+
+# --- strings that are not Unicode text (issue 38) -----------------------------------
+
+EXEC = "/v1/sessions/s1/exec"
+
+
+def _with_surrogates(body: object) -> str:
+    """``body`` as JSON, each ``@`` in it a lone surrogate (``\\ud800``, as JSON writes
+    one)."""
+    return json.dumps(body).replace("@", "\\ud800")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "where"),
+    [
+        (EXEC, {"command": ["true"], "tool": "a@"}, "tool"),
+        (EXEC, {"command": ["true"], "call_id": "@"}, "call_id"),
+        (EXEC, {"command": ["echo", "a@"]}, "command[1]"),
+        (EXEC, {"command": ["true"], "cwd": "a@"}, "cwd"),
+        (EXEC, {"command": ["cat"], "stdin": "@x"}, "stdin"),
+        (EXEC, {"command": ["true"], "env": {"A": "@"}}, "env['A']"),
+        (EXEC, {"command": ["true"], "env": {"@": "x"}}, "a name in env"),
+        (EXEC, {"command": ["true"], "stream": True, "tool": "@"}, "tool"),
+        ("/v1/sessions", {"session_id": "s@"}, "session_id"),
+    ],
+)
+def test_a_lone_surrogate_in_any_string_gets_422_naming_it(
+    client: SandboxClient, path: str, body: object, where: str
+) -> None:
+    client.open_session("s1")
+    response = httpx.post(
+        client.base_url + path,
+        content=_with_surrogates(body),
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert f"{where} is not Unicode text: it holds a lone surrogate" in error["msg"]
+
+
+def test_a_low_surrogate_before_a_high_one_is_no_pair(client: SandboxClient) -> None:
+    client.open_session("s1")
+    response = httpx.post(
+        f"{client.base_url}{EXEC}",
+        content='{"command": ["true"], "tool": "a\\udc00\\ud800"}',
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    assert response.status_code == 422, response.text
+    assert "tool is not Unicode text" in response.json()["detail"][0]["msg"]
+
+
+def test_a_lone_surrogate_as_raw_bytes_gets_422(client: SandboxClient) -> None:
+    """The UTF-8-like bytes of a surrogate (CESU-8), which Python's JSON reader decodes
+    to one."""
+    client.open_session("s1")
+    body = b'{"command": ["true"], "tool": "a\xed\xa0\x80"}'
+    response = httpx.post(
+        f"{client.base_url}/v1/sessions/s1/exec",
+        content=body,
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    assert response.status_code == 422, response.text
+    assert "tool is not Unicode text" in response.json()["detail"][0]["msg"]
+
+
+def test_an_error_that_quotes_a_lone_surrogate_still_renders(client: SandboxClient) -> None:
+    """Past the values the check looks at (a command far too long), the fields' own
+    errors name the surrogate, escaped."""
+    client.open_session("s1")
+    body = _with_surrogates({"command": ["x"] * 20_000, "tool": "a@"})
+    response = httpx.post(
+        f"{client.base_url}/v1/sessions/s1/exec",
+        content=body,
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    assert response.status_code == 422, response.text
+    errors = {tuple(e["loc"]): e for e in response.json()["detail"]}
+    assert errors[("body", "tool")]["input"] == "a\\ud800"
+    assert ("body", "command") in errors
+
+
+def test_non_ascii_text_and_surrogate_pairs_pass(client: SandboxClient) -> None:
+    client.open_session("s1")
+    body = '{"command": ["sh", "-c", "cat; echo $A"], "env": {"A": "\\ud83d\\ude00"}, "stdin": "é"}'
+    response = httpx.post(
+        f"{client.base_url}/v1/sessions/s1/exec",
+        content=body,
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["stdout"] == "é\U0001f600\n"
+
+
+def test_a_turn_no_event_can_carry_gets_422(client: SandboxClient) -> None:
+    client.open_session("s1")
+    response = httpx.post(
+        f"{client.base_url}/v1/sessions/s1/exec",
+        json={"command": ["true"], "turn": MAX_COUNT + 1},
+        headers=AUTH,
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", "turn"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,28 +67,41 @@ def build_config(options: dict[str, Any]) -> Any:
 
 
 def serve(
-    *, host: str, port: int, options: dict[str, Any], token_file: Path, events_url: str | None
+    *,
+    host: str,
+    port: int,
+    options: dict[str, Any],
+    token_file: Path,
+    events_url: str | None,
+    listener: socket.socket | None = None,
 ) -> None:
+    """Serve the pool on ``host:port`` until SIGINT or SIGTERM, which kill the running
+    tools (``serve_sandbox``). ``listener``: the socket, bound there already (the
+    command binds it first, so that a busy port is refused before any banner); None:
+    bound here, after the options are checked."""
     from agentmars.sandbox.pool import SandboxPool
-    from agentmars.sandbox.service import create_sandbox_app
+    from agentmars.sandbox.service import create_sandbox_app, serve_sandbox
     from agentmars.sdk.emitter import Emitter
-    from agentmars.sdk.http_guard import guarded_server
     from agentmars.sdk.sinks.http import HttpSink
+    from agentmars.server.web.serving import listening_socket
 
     config = build_config(options)
+    if listener is None:
+        listener = listening_socket(host, port)
     emitter = Emitter()
-    if events_url:
-        emitter.add(HttpSink(events_url, token=os.environ.get(EVENTS_TOKEN_ENV)))
-    pool = SandboxPool(config, emitter=emitter)
-    app = create_sandbox_app(pool, service_token(token_file))
-    slots = ", ".join(f"{s.index}:{list(s.cores)}" for s in pool.slots)
-    err.print(
-        f"sandbox service on http://{host}:{port} backend={config.backend} slots={slots} "
-        f"workspaces={config.workspace_root}"
-    )
     try:
+        if events_url:
+            emitter.add(HttpSink(events_url, token=os.environ.get(EVENTS_TOKEN_ENV)))
+        pool = SandboxPool(config, emitter=emitter)
+        app = create_sandbox_app(pool, service_token(token_file))
+        slots = ", ".join(f"{s.index}:{list(s.cores)}" for s in pool.slots)
+        err.print(
+            f"sandbox service on http://{host}:{port} backend={config.backend} slots={slots} "
+            f"workspaces={config.workspace_root}"
+        )
         # Slow clients time out: headers (guarded_server), bodies (the app's guard).
-        guarded_server(app, host=host, port=port).run()
+        serve_sandbox(app, listener)
     finally:
+        listener.close()
         emitter.close()
     sys.stdout.flush()

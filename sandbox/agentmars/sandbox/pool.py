@@ -124,6 +124,7 @@ class SandboxPool:
         self._running: dict[tuple[str, str], _Call] = {}
         self._started = False
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -143,12 +144,19 @@ class SandboxPool:
 
     async def close(self) -> None:
         """Interrupt running calls, stop the backend. Workspaces stay on disk (with a
-        quota, unmounted: their files stay in their images)."""
-        if self._closed:
+        quota, unmounted: their files stay in their images). A close while one is under
+        way waits for that one; cancelling a waiter does not stop it."""
+        if self._closing is None:
+            self._closed = True
+            # The backend's close starts first, so that its running jobs end as closed.
+            self._closing = asyncio.ensure_future(self._stop_backend())
+            for call in self._running.values():
+                call.cancel.set()
+        elif self._closing.done():
             return
-        self._closed = True
-        for call in self._running.values():
-            call.cancel.set()
+        await asyncio.shield(self._closing)
+
+    async def _stop_backend(self) -> None:
         await self.backend.close()
         await asyncio.to_thread(self._workspaces.close)
 

@@ -7,15 +7,21 @@ events (tool enqueue / start / end, tool pressure) feed the Prometheus metrics
 and, optionally, an event collector. A call's span (``tracing``) is a child of the
 W3C trace context its request carries (``traceparent``: the client sends its session's),
 exported where the ``OTEL_EXPORTER_OTLP_*`` variables say unless a provider is given.
+``serve_sandbox`` serves it; stopping kills the running tools at once rather than
+waiting for them. Results go out as JSON in pieces (``_result_json``), so a flood of
+output held up to the cap never has to be one JSON string in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import logging
 import math
 import os
-from collections.abc import AsyncIterator, Iterator
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -35,7 +41,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from agentmars.sandbox.admission import MAX_PRIORITY, MIN_PRIORITY
 from agentmars.sandbox.backends.base import OutputCallback
@@ -45,12 +51,13 @@ from agentmars.sandbox.spec import (
     ExecResult,
     ExecSpec,
     SandboxError,
+    UnicodeModel,
     UnknownSession,
 )
 from agentmars.sandbox.tracing import SERVICE_NAME, PoolTracing
 from agentmars.sandbox.workspaces import WorkspaceError
 from agentmars.sdk.auth import bearer_matches, check_token
-from agentmars.sdk.events import Event, ToolEnd, ToolStart, new_id
+from agentmars.sdk.events import MAX_COUNT, Event, ToolEnd, ToolStart, new_id
 from agentmars.sdk.http_guard import RequestGuard, Scope
 from agentmars.sdk.sinks.otel import tracer_provider_from_env
 from agentmars.sdk.tool_stats import ToolKinds
@@ -64,9 +71,19 @@ OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 """Paths served without the bearer token."""
 MAX_ECHOED_CHARS = 200
 """A 422 answer quotes at most this much of an invalid string it names."""
+RESULT_PIECE_CHARS = 64 * 1024
+"""A result's stdout and stderr are made JSON this many characters at a time (at most
+6 bytes each: 384 KiB), each piece sent before the next is made."""
+RESULT_WRITE_BYTES = 64 * 1024
+"""A result's JSON goes out in writes of about this size (a transport's high-water
+mark); a smaller result, in one."""
+STOP_CHECK_S = 0.1
+"""How often the service looks whether its server is stopping (uvicorn's own tick)."""
+
+log = logging.getLogger("agentmars.sandbox")
 
 
-class OpenSession(BaseModel):
+class OpenSession(UnicodeModel):
     model_config = ConfigDict(extra="forbid")
     session_id: str
 
@@ -77,7 +94,7 @@ class ExecRequest(ExecSpec):
     tool: Annotated[str, Field(min_length=1, max_length=256)] = "tool"
     priority: Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)] = 0
     call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-    turn: Annotated[int, Field(ge=0)] | None = None
+    turn: Annotated[int, Field(ge=0, le=MAX_COUNT)] | None = None
     stream: bool = False
     """Answer with NDJSON: output chunks as they come, then the result."""
 
@@ -152,12 +169,15 @@ def _status_for(exc: SandboxError) -> int:
 
 def _renderable(value: Any) -> Any:
     """A validation error's details as JSON can carry them: a non-finite number (NaN,
-    Infinity, or 1e400, which parses as infinity) as its name, a long string cut, and
-    no echo of a whole object or list (the error names the field)."""
+    Infinity, or 1e400, which parses as infinity) as its name, a long string cut, a
+    lone surrogate escaped (``\\ud800``: UTF-8 cannot carry it), and no echo of a whole
+    object or list (the error names the field)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    if isinstance(value, str) and len(value) > MAX_ECHOED_CHARS:
-        return value[:MAX_ECHOED_CHARS] + "..."
+    if isinstance(value, str):
+        if len(value) > MAX_ECHOED_CHARS:
+            value = value[:MAX_ECHOED_CHARS] + "..."
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, dict):
         return {k: _renderable(v) for k, v in value.items() if not _is_echoed_container(k, v)}
     if isinstance(value, list):
@@ -187,14 +207,17 @@ def create_sandbox_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.start()
+        stopper = asyncio.create_task(_close_when_stopping(pool, lambda: app.state.stopping()))
         try:
             yield
         finally:
+            stopper.cancel()
             await pool.close()
             if own is not None:
                 own.shutdown()
 
     app = FastAPI(title="agentmars sandbox", lifespan=lifespan)
+    app.state.stopping = lambda: False  # serve_sandbox: whether its server is stopping
     app.add_middleware(
         RequestGuard,
         max_body_bytes=MAX_BODY_BYTES,
@@ -230,17 +253,20 @@ def create_sandbox_app(
         await pool.close_session(session_id, remove_workspace=not keep_workspace)
         return Response(status_code=204)
 
-    @app.post("/v1/sessions/{session_id}/exec", response_model=None)
-    async def execute(
-        session_id: str, body: ExecRequest, request: Request
-    ) -> ExecResult | StreamingResponse:
+    @app.post(
+        "/v1/sessions/{session_id}/exec",
+        response_model=None,
+        responses={200: {"model": ExecResult, "description": "How the call ended"}},
+    )
+    async def execute(session_id: str, body: ExecRequest, request: Request) -> Response:
         pool.check_cwd(session_id, body.cwd)  # 404 / 400 before anything starts
         parent = propagate.extract(request.headers)
         if body.stream:
             return StreamingResponse(
                 _stream_exec(pool, session_id, body, parent), media_type="application/x-ndjson"
             )
-        return await _exec_until_disconnect(pool, session_id, body, request, parent)
+        result = await _exec_until_disconnect(pool, session_id, body, request, parent)
+        return _result_response(result)
 
     @app.post("/v1/sessions/{session_id}/calls/{call_id}/interrupt")
     async def interrupt(session_id: str, call_id: str) -> dict[str, bool]:
@@ -289,9 +315,10 @@ async def _wait_disconnect(request: Request, poll_s: float = 0.25) -> None:
 
 async def _stream_exec(
     pool: SandboxPool, session_id: str, body: ExecRequest, parent: Context
-) -> AsyncIterator[str]:
-    """NDJSON: ``{"stream": "stdout", "data": ...}`` per chunk, then ``{"result": ...}``.
-    A client that disconnects closes this generator, which interrupts the call."""
+) -> AsyncIterator[str | bytes]:
+    """NDJSON: ``{"stream": "stdout", "data": ...}`` per chunk, then ``{"result": ...}``
+    (``_result_json``). A client that disconnects closes this generator, which
+    interrupts the call."""
     call_id = body.call_id or new_id()[:16]
     chunks: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
     run = _start_call(
@@ -304,10 +331,78 @@ async def _stream_exec(
             stream, data = item
             yield json.dumps({"stream": stream, "data": data.decode(errors="replace")}) + "\n"
         result = await run
-        yield json.dumps({"result": result.model_dump(mode="json")}) + "\n"
+        yield b'{"result": '
+        for write in _result_json(result):
+            yield write
+        yield b"}\n"
     except SandboxError as exc:
         yield json.dumps({"error": str(exc)}) + "\n"
     finally:
         if not run.done():
             await pool.interrupt(session_id, call_id)
             await asyncio.wait({run}, timeout=INTERRUPT_GRACE_S)
+
+
+def _result_json(result: ExecResult) -> Iterator[bytes]:
+    """``result`` as JSON, in writes of ``RESULT_WRITE_BYTES`` or so (one, for most
+    results), made a piece of at most ``RESULT_PIECE_CHARS`` characters of its output
+    at a time: answering costs a bounded amount of memory beyond the result itself,
+    whatever the output. As one string, 16 MiB of NUL bytes would be 96 MiB of JSON
+    (``\\u0000`` each), and its bytes as much again."""
+    pending = bytearray()
+    for part in _result_parts(result):
+        pending += part
+        if len(pending) >= RESULT_WRITE_BYTES:
+            yield bytes(pending)
+            pending.clear()
+    if pending:
+        yield bytes(pending)
+
+
+def _result_parts(result: ExecResult) -> Iterator[bytes]:
+    fields = result.model_dump(mode="json", exclude={"stdout", "stderr"})
+    yield json.dumps(fields, separators=(",", ":"))[:-1].encode()  # the output follows
+    for name in ("stdout", "stderr"):
+        text: str = getattr(result, name)
+        yield f',"{name}":"'.encode()
+        for start in range(0, len(text), RESULT_PIECE_CHARS):
+            piece = json.dumps(text[start : start + RESULT_PIECE_CHARS], ensure_ascii=False)
+            yield piece[1:-1].encode()
+        yield b'"'
+    yield b"}"
+
+
+def _result_response(result: ExecResult) -> Response:
+    """The answer to a call: a plain JSON response when ``result`` fits one write,
+    else streamed in writes (``_result_json``)."""
+    writes = _result_json(result)
+    first = next(writes)
+    second = next(writes, None)
+    if second is None:
+        return Response(first, media_type="application/json")
+    return StreamingResponse(
+        itertools.chain((first, second), writes), media_type="application/json"
+    )
+
+
+async def _close_when_stopping(pool: SandboxPool, stopping: Callable[[], bool]) -> None:
+    """Close the pool (killing its running tools) as soon as ``stopping()`` says the
+    server is stopping: a server waits for its requests to end before it shuts the app
+    down, and a call ends only when its tool does."""
+    while not stopping():
+        await asyncio.sleep(STOP_CHECK_S)
+    log.info("sandbox service stopping: killing the running tools")
+    await pool.close()
+
+
+def serve_sandbox(app: FastAPI, listener: socket.socket) -> None:
+    """Serve ``app`` (``create_sandbox_app``) on ``listener`` (bound and listening:
+    ``listening_socket``) under ``guarded_server`` until SIGINT or SIGTERM. Stopping
+    closes the pool at once: running tools are killed, queued calls withdrawn, and
+    each caller answered ``cancelled``; then the server exits."""
+    from agentmars.sdk.http_guard import guarded_server
+
+    host, port = listener.getsockname()[:2]
+    server = guarded_server(app, host=host, port=port)
+    app.state.stopping = lambda: server.should_exit
+    server.run(sockets=[listener])

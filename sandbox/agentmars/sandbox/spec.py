@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections import deque
+from itertools import islice
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agentmars.sdk.events import MAX_TOOL_S
 
 MAX_COMMAND_BYTES = 64 * 1024
 """Upper bound on argv + env + cwd: a command line is not a transport for data
@@ -17,7 +21,8 @@ init) and the mounts, the sandbox's command line stays well below bubblewrap's l
 MAX_ENV_VARS = 1024
 """Variables in ``env`` (our choice; see ``MAX_ARGS``)."""
 MAX_STDIN_BYTES = 16 * 1024 * 1024
-MAX_TIMEOUT_S = 24 * 3600.0
+MAX_TIMEOUT_S = MAX_TOOL_S
+"""A tool call's longest timeout: the stream's bound on a tool's duration."""
 MAX_OUTPUT_CAP_BYTES = 16 * 1024 * 1024
 """Largest ``output_cap_bytes``: the pool holds up to this much per stream of a call
 in its own memory, outside the slot's memory cgroup (our choice: 16 MiB of a tool's
@@ -25,6 +30,10 @@ output is more than a model reads)."""
 # NOTE: fullmatch, never match with "$": "$" also matches before a final newline.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_TEXT_CHECKED_ITEMS = 2 * (MAX_ARGS + 2 * MAX_ENV_VARS)
+"""How many values of a request ``UnicodeModel`` looks at, at most: twice what a valid
+request holds (the rest of a longer one is refused by the fields' own limits)."""
 
 ExecStatus = Literal["ok", "error", "timeout", "killed", "cancelled"]
 TRUNCATION_MARKER = "\n[agentmars: output truncated, {dropped} more bytes not shown]\n"
@@ -49,7 +58,51 @@ def check_session_id(session_id: str) -> str:
     return session_id
 
 
-class ExecSpec(BaseModel):
+def lone_surrogate_in(value: object) -> str | None:
+    """Where, in decoded JSON (``value``: dicts, lists, strings), a string holds a lone
+    surrogate (JSON's ``"\\ud800"`` decodes to one), which is not Unicode text: no
+    UTF-8 can carry it, to a file name, a command line or an answer. None if nowhere.
+    Breadth first, so the request's own fields come first, and within
+    ``_TEXT_CHECKED_ITEMS`` values."""
+    pending: deque[tuple[object, str]] = deque([(value, "")])
+    left = _TEXT_CHECKED_ITEMS
+    while pending:
+        item, where = pending.popleft()
+        if isinstance(item, str):
+            if not item.isascii() and _LONE_SURROGATE.search(item):
+                return where or "the value"
+        elif isinstance(item, dict):
+            for key, inner in islice(item.items(), left):
+                if isinstance(key, str) and not key.isascii() and _LONE_SURROGATE.search(key):
+                    return f"a name in {where}" if where else "a field name"
+                pending.append((inner, f"{where}[{key!r}]" if where else str(key)))
+            left -= len(item)
+        elif isinstance(item, list):
+            pending.extend((inner, f"{where}[{i}]") for i, inner in islice(enumerate(item), left))
+            left -= len(item)
+        if left <= 0:
+            break
+    return None
+
+
+class UnicodeModel(BaseModel):
+    """A request whose every string must be Unicode text: one with a lone surrogate
+    anywhere is refused (422 through the service), with where it is, before any field
+    is looked at."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strings_are_unicode(cls, data: object) -> object:
+        where = lone_surrogate_in(data)
+        if where is not None:
+            raise ValueError(
+                f"{where} is not Unicode text: it holds a lone surrogate (a \\ud800-\\udfff "
+                "escape without its pair, or its bytes), which UTF-8 cannot carry"
+            )
+        return data
+
+
+class ExecSpec(UnicodeModel):
     """One command to run in a session's sandbox."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)

@@ -14,10 +14,11 @@ log = logging.getLogger(__name__)
 
 class CappedOutput:
     """One stream: the first ``cap`` bytes kept, the rest read and counted, never
-    buffered. The kept part of each chunk goes on to ``on_output`` as it arrives, and
-    ``finish`` sends the truncation marker after it, so a listener receives exactly
-    what ``text`` returns. Fed from one thread at a time (the docker backend's reader
-    thread, the process backend's event loop), read once the feeding has ended."""
+    buffered (each chunk is dropped once counted, however much the job writes). The
+    kept part of each chunk goes on to ``on_output`` as it arrives, and ``finish``
+    sends the truncation marker after it, so a listener receives exactly what ``text``
+    returns. Fed from one thread at a time (the docker backend's reader thread, the
+    process backend's event loop), read once the feeding has ended."""
 
     def __init__(self, stream: Stream, cap: int, on_output: OutputCallback | None = None) -> None:
         self.stream = stream
@@ -25,6 +26,7 @@ class CappedOutput:
         self.dropped = 0
         """Bytes past the cap: read (the job never blocks on a full pipe) and dropped."""
         self._kept = bytearray()
+        self._text: str | None = None
         self._on_output = on_output
 
     def feed(self, chunk: bytes) -> None:
@@ -50,8 +52,16 @@ class CappedOutput:
 
     def text(self) -> str:
         """The stream as ``ExecResult`` shows it: the kept bytes (a character the cap
-        cut in two is replaced), then the marker."""
-        return self._kept.decode("utf-8", errors="replace") + self.marker
+        cut in two is replaced), then the marker. Made once, when the feeding has
+        ended, and the kept bytes let go: at no time are there more than the kept
+        bytes and their text (no third copy to add the marker)."""
+        if self._text is None:
+            kept, self._kept = self._kept, bytearray()
+            # The marker starts with a newline: decoded along, it leaves a cut
+            # character's replacement as decoding the kept bytes alone would.
+            kept += self.marker.encode()
+            self._text = kept.decode("utf-8", errors="replace")
+        return self._text
 
     def _forward(self, chunk: bytes) -> None:
         if self._on_output is not None:

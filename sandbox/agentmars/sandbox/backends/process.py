@@ -816,9 +816,9 @@ class ProcessBackend:
             closing.cancel()
         if exited.done():
             return "exit"
-        if cancel.is_set():
-            return "cancelled"
-        return "closed" if self._closing.is_set() else "timeout"
+        if self._closing.is_set():
+            return "closed"
+        return "cancelled" if cancel.is_set() else "timeout"
 
     async def _kill(self, process: _HostProcess, group: SlotCgroup | None) -> None:
         """Kill the whole tree: the session (bubblewrap, whose death takes the pid
