@@ -27,6 +27,8 @@ class Twin:
     engine: str
     """The engine's own URL, behind the gateway."""
     token: str = TWIN_TOKEN
+    pid: int = 0
+    """The process serving both (``agentmars serve``)."""
 
 
 @contextlib.contextmanager
@@ -46,7 +48,7 @@ def served_twin(env: Mapping[str, str] | None = None) -> Iterator[Twin]:
         wait_for(base + "/healthz", process, timeout_s=30)
         assert process.stdout is not None
         # "agentmars: gateway on ..., simulated engine (...) <engine URL>"
-        yield Twin(base, engine=process.stdout.readline().split()[-1])
+        yield Twin(base, engine=process.stdout.readline().split()[-1], pid=process.pid)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)

@@ -608,3 +608,55 @@ def test_kv_stats_of_a_pool_derives_used_and_caps_pinned_at_it() -> None:
     assert (stats.used_blocks, stats.pinned_blocks, stats.pins) == (54, 4, 2)
     # Pins that share a prefix count its blocks once each: 70 > 54 held at most.
     assert KVStats.of_pool(total=64, free=10, pinned=70).pinned_blocks == 54
+
+
+# --- text an event cannot hold (issue 38) -------------------------------------------------
+
+LONE = "a\ud800"
+"""A lone surrogate: JSON's "\\ud800" escape reads as one, no UTF-8 text can hold it."""
+
+
+def _with(event: Event, name: str, value: object) -> dict[str, Any]:
+    data = event.model_dump(mode="json")
+    data[name] = value
+    return data
+
+
+def _texts_of(event: Event) -> list[tuple[str, object]]:
+    """Each field of the event that takes free text, with a lone surrogate in it: a
+    string field (not a literal), a mapping's key, a mapping of strings' value."""
+    cases: list[tuple[str, object]] = []
+    for name, value in event.model_dump(mode="json").items():
+        if isinstance(value, dict) and value:
+            key, item = next(iter(value.items()))
+            cases.append((name, {LONE: item}))
+            if isinstance(item, str):
+                cases.append((name, {key: LONE}))
+        elif name != "v":
+            try:
+                decode_event(json.dumps(_with(event, name, "plain text")))
+            except MalformedEvent:
+                continue  # not a text field (a count, a literal...)
+            cases.append((name, LONE))
+    return cases
+
+
+@pytest.mark.parametrize("event", realistic_events(), ids=lambda event: event.kind)
+def test_a_lone_surrogate_in_any_text_of_any_event_is_refused_naming_the_field(
+    event: Event,
+) -> None:
+    cases = _texts_of(event)
+    assert cases  # every kind has some text: its event_id at least
+    for name, value in cases:
+        data = _with(event, name, value)
+        for wire in (json.dumps(data), json.dumps(data).encode(), data):
+            with pytest.raises(MalformedEvent, match=name) as refused:
+                decode_event(wire)
+            assert "surrogate" in str(refused.value) or "unicode" in str(refused.value)
+        with pytest.raises(ValidationError, match=name):
+            type(event)(**{k: v for k, v in data.items() if k != "v"})
+
+
+def test_text_beyond_ascii_is_kept() -> None:
+    start = SessionStart(session_id="s", agent="编码者 🤖", metadata={"clé": "välue"})
+    assert decode_event(start.to_json()) == start

@@ -27,6 +27,7 @@ from agentmars.sdk.events import (
     as_count,
     check_id,
     clock,
+    lone_surrogate,
 )
 from agentmars.sdk.events import new_id as _new_id
 from agentmars.sdk.scope import Scope, outcome_of
@@ -111,7 +112,9 @@ def read_field(obj: Any, name: str) -> Any:
 
 def as_name(value: object) -> str | None:
     """An id or a name read off a response, if an event can carry it."""
-    return value if isinstance(value, str) and 1 <= len(value) <= 256 else None
+    if not isinstance(value, str) or not 1 <= len(value) <= 256:
+        return None
+    return value if lone_surrogate(value) is None else None
 
 
 def _ns_to_s(ns: int) -> float:

@@ -13,6 +13,7 @@ from agentmars.server.gateway.llm_apis import (
     CHAT,
     LLM_APIS,
     MAX_PROMPT_TEXT,
+    MAX_PROMPT_VISITS,
     Messages,
     Responses,
     Usage,
@@ -89,6 +90,12 @@ def test_the_prompt_text_is_each_apis_message_contents_bounded() -> None:
         deep = {"content": [deep]}
     assert call_metadata({}, {"messages": [deep]}, CHAT).prompt_text == ""  # not walked
     assert call_metadata({}, {"messages": 7}, CHAT).prompt_text == ""
+    # Text past the first MAX_PROMPT_VISITS values is not looked for (issue 38: a body
+    # of 100,000 empty messages cost the event loop a walk of them all).
+    empty: list[dict[str, Any]] = [{}] * MAX_PROMPT_VISITS
+    early = {"messages": [{"content": "Hi"}, *empty, {"content": "late"}]}
+    assert call_metadata({}, early, CHAT).prompt_text == "Hi"
+    assert call_metadata({}, {"messages": early["messages"][-2:]}, CHAT).prompt_text == "late"
 
 
 def test_responses_usage_and_finish_whole_and_from_stream_events() -> None:

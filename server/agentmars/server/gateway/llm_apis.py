@@ -77,19 +77,33 @@ TEXT_FIELDS = ("content", "text", "input", "prompt", "instructions", "system")
 the agent's input)."""
 
 
-def _texts(value: object, depth: int = 0) -> Iterator[str]:
+MAX_PROMPT_VISITS = 10_000
+"""Values of a prompt's fields looked into for its text, at most (ours: a real prompt
+gives ``MAX_PROMPT_TEXT`` characters long before; a body of a hundred thousand empty
+messages must not cost the event loop a walk of them all)."""
+
+
+def _texts(value: object, budget: list[int], depth: int = 0) -> Iterator[str]:
     """The strings of a prompt field, depth first (no deeper than the APIs nest text:
-    a body nested deeper is not walked into a recursion error)."""
+    a body nested deeper is not walked into a recursion error), in at most
+    ``budget[0]`` values (spent as they are looked into)."""
+    if value is None:  # a text field the object does not have
+        return
+    budget[0] -= 1
+    if budget[0] < 0:
+        return
     if isinstance(value, str):
         yield value
     elif depth >= 8:
         return
     elif isinstance(value, list):
         for item in value:
-            yield from _texts(item, depth + 1)
+            if budget[0] <= 0:
+                return
+            yield from _texts(item, budget, depth + 1)
     elif isinstance(value, dict):
         for name in TEXT_FIELDS:
-            yield from _texts(value.get(name), depth + 1)
+            yield from _texts(value.get(name), budget, depth + 1)
 
 
 class LLMApi:
@@ -119,11 +133,11 @@ class LLMApi:
 
     def prompt_text(self, body: Mapping[str, Any]) -> str:
         """The prompt's text, its messages' contents joined by new lines, at most
-        ``MAX_PROMPT_TEXT`` characters: what a policy reading the agent's input sees
-        (seed 004's cost predictor)."""
+        ``MAX_PROMPT_TEXT`` characters (found in the first ``MAX_PROMPT_VISITS`` values):
+        what a policy reading the agent's input sees (seed 004's cost predictor)."""
         fields = [body.get(name) for name in self.prompt_fields or (self.prompt_field,)]
         texts, length = [], 0
-        for text in _texts(fields):
+        for text in _texts(fields, [MAX_PROMPT_VISITS]):
             texts.append(text)
             length += len(text) + 1
             if length >= MAX_PROMPT_TEXT:

@@ -246,11 +246,12 @@ async def read_whole(response: aiohttp.ClientResponse) -> Answer:
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
-    """A request body that must be a JSON object (400 otherwise)."""
+    """A request body that must be a JSON object (400 otherwise; 413 past
+    ``json_body``'s bounds)."""
     try:
         return read_json_object(raw)
     except BadBody as exc:
-        raise GatewayError(400, str(exc)) from None
+        raise GatewayError(exc.status, str(exc)) from None
 
 
 def forwarded_body(

@@ -354,3 +354,12 @@ def test_a_chunked_body_past_the_limit_gets_413_before_it_is_read_whole(
     assert status == 413
     assert sent < COMPLETION_BODY_BYTES + 16 * 1024 * 1024  # answered as the limit passed
     _served(client)
+
+
+def test_a_body_of_a_million_empty_messages_gets_413_unparsed(client: httpx.Client) -> None:
+    # Legal JSON of 3 MB, a gigabyte's worth of objects for four of them once parsed
+    # (issue 38): refused on its count (``web.json_body``), in vLLM's error body.
+    body = b'{"messages":[' + b"{}," * 999_999 + b"{}]}"
+    error = _error(client.post("/v1/chat/completions", content=body), 413)
+    assert "more JSON objects and arrays than the 100000" in error["message"]
+    _served(client)

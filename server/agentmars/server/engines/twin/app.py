@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -83,6 +84,10 @@ XARGS_INTS = (-(2**63), 2**64)
 """Integers ``vllm_xargs`` may carry (vLLM checks its ``extra_args`` so: its engine's
 MessagePack transport holds 64 bits)."""
 DEFAULT_MAX_TOKENS = 16
+SURROGATE_SOURCE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+"""What a UTF-8 body needs to hold a surrogate once parsed: a ``\\uD800``-``\\uDFFF``
+escape or such a code point's bytes (``json.loads`` lets both through). A body without
+any is not walked for lone surrogates (the walk is Python, one step a value)."""
 
 
 class ApiError(Exception):
@@ -114,8 +119,9 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = json_object(raw)
     except BadBody as exc:
-        raise ApiError(400, str(exc)) from None
-    surrogate = _lone_surrogate(body)
+        raise ApiError(exc.status, str(exc)) from None
+    may_hold = not json.detect_encoding(raw).startswith("utf-8") or SURROGATE_SOURCE.search(raw)
+    surrogate = _lone_surrogate(body) if may_hold else None
     if surrogate is not None:
         raise ApiError(
             400,

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import heapq
 import itertools
 import os
 import time
@@ -60,6 +61,7 @@ from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
 from agentmars.server.profiles.cost_model import CostModel, Profile
 from agentmars.server.sim.engine_core import KVEngineView
 from agentmars.server.sim.entities import Call, Session
+from agentmars.server.sim.entities import Pin as PinEntity
 from agentmars.server.sim.kv_cache import KVCache
 from agentmars.server.sim.scheduler import Scheduler, Step
 from agentmars.server.workloads.model import SessionSpec, TurnSpec
@@ -246,6 +248,11 @@ class LiveEngine(KVEngineView, FollowsTools):
         self._t0 = time.monotonic()
         self._sessions: OrderedDict[str, _LiveSession] = OrderedDict()
         self._streams: dict[Call, CallStream] = {}
+        self._expiries: list[tuple[float, int, PinEntity]] = []
+        """The pins with a TTL, soonest first (a heap; a pin released since stays in it
+        until its time comes or ``pin_taken`` compacts it): a step looks at the pins that
+        are due, not at all of them (issue 38)."""
+        self._pin_order = itertools.count()
         self._owners = itertools.count(1)
         self._call_ids = itertools.count()
         self._work = asyncio.Event()
@@ -400,14 +407,23 @@ class LiveEngine(KVEngineView, FollowsTools):
         return session
 
     def _forget_idle_sessions(self) -> None:
+        """Past ``SESSION_MEMORY``, forget the least recently used idle sessions. Runs on
+        every new session: it looks at no more sessions than it forgets plus the busy
+        ones (a call in flight or a pin: as many as the engine holds) before them, never
+        at all of them (issue 38: copying the keys made a new session's first call
+        O(sessions))."""
         excess = len(self._sessions) - SESSION_MEMORY
-        for session_id in list(self._sessions):
-            if excess <= 0:
-                return
-            if not self._sessions[session_id].in_flight and session_id not in self.kv.pins:
-                del self._sessions[session_id]
-                self.kv.release_swapped(session_id)
-                excess -= 1
+        if excess <= 0:
+            return
+        idle = []
+        for session_id, live in self._sessions.items():
+            if not live.in_flight and session_id not in self.kv.pins:
+                idle.append(session_id)
+                if len(idle) == excess:
+                    break
+        for session_id in idle:
+            del self._sessions[session_id]
+            self.kv.release_swapped(session_id)
 
     def abort(self, stream: CallStream) -> None:
         """Stop a call its client gave up on: its blocks are freed, its session's pin
@@ -483,8 +499,10 @@ class LiveEngine(KVEngineView, FollowsTools):
     async def _idle(self) -> None:
         """Nothing can run: wait for work, a pin to expire, a tick or a CPU-tier load."""
         now = self.now
-        deadlines = [pin.expires_s for pin in self.kv.pins.values() if pin.expires_s is not None]
-        deadlines += [call.ready_s for call in self.scheduler.running if call.ready_s > now]
+        deadlines = [call.ready_s for call in self.scheduler.running if call.ready_s > now]
+        expiry = self._next_expiry()
+        if expiry is not None:
+            deadlines.append(expiry)
         if self.half.tick_interval_s:
             deadlines.append(self._next_tick_s)
         timeout = min([IDLE_WAKE_S, *(deadline - now for deadline in deadlines)])
@@ -497,13 +515,39 @@ class LiveEngine(KVEngineView, FollowsTools):
         if interval == 0 or (interval and now >= self._next_tick_s):
             self._next_tick_s = now + (interval or 0.0)
             self._apply(self.half.tick(self))
-        waiting = {call.session_id for call in self.scheduler.waiting}
-        for pin in list(self.kv.pins.values()):
+        waiting: set[str] | None = None
+        kept = []
+        while (expiry := self._next_expiry()) is not None and expiry <= now:
+            due = heapq.heappop(self._expiries)
+            if waiting is None:
+                waiting = {call.session_id for call in self.scheduler.waiting}
             # As SimEngine: a pin whose session's next call already waits stays until
             # that call is admitted.
-            expired = pin.expires_s is not None and pin.expires_s <= now
-            if expired and pin.session_id not in waiting:
-                self.kv.unpin(pin.session_id, "expired")
+            if due[2].session_id in waiting:
+                kept.append(due)
+            else:
+                self.kv.unpin(due[2].session_id, "expired")
+        for due in kept:
+            heapq.heappush(self._expiries, due)
+
+    def _next_expiry(self) -> float | None:
+        """When the soonest pin held expires (None: no pin has a TTL)."""
+        expiries = self._expiries
+        while expiries and self.kv.pins.get(expiries[0][2].session_id) is not expiries[0][2]:
+            heapq.heappop(expiries)  # released before its time
+        return expiries[0][0] if expiries else None
+
+    def pin_taken(self, pin: PinEntity) -> None:
+        """``PinWatch``: announced, and its expiry kept in order."""
+        super().pin_taken(pin)
+        if pin.expires_s is None:
+            return
+        expiries = self._expiries
+        heapq.heappush(expiries, (pin.expires_s, next(self._pin_order), pin))
+        if len(expiries) > 2 * len(self.kv.pins) + 64:  # mostly pins released: compact
+            pins = self.kv.pins
+            expiries[:] = [due for due in expiries if pins.get(due[2].session_id) is due[2]]
+            heapq.heapify(expiries)
 
     def _end_step(self, step: Step, duration: float) -> None:
         self.counters.steps += 1
