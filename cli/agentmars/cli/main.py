@@ -198,6 +198,10 @@ def bench_gateway(
         float,
         typer.Option(min=0, help="The scripted engine answers after this long (not with vLLM)."),
     ] = 0,
+    fresh_connections: Annotated[
+        bool,
+        typer.Option(help="A new connection per call, not one kept alive per path (the default)."),
+    ] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
 ) -> None:
     """Latency the gateway adds to a short completion (target p50 <= 2 ms)."""
@@ -206,7 +210,7 @@ def bench_gateway(
 
     try:
         python = find_vllm_python(vllm_python) if vllm_python is not None else None
-        run(calls, json_out, python, engine_latency_ms)
+        run(calls, json_out, python, engine_latency_ms, fresh_connections)
     # ValueError: a latency with vLLM; RuntimeError: vLLM did not start.
     except (BenchSetupError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -735,8 +739,14 @@ def sandbox_serve(
 ) -> None:
     """Serve the sandbox pool over HTTP (token-protected; bearer token from
     $AGENTMARS_SANDBOX_TOKEN)."""
+    import signal
+
     from agentmars.cli.sandbox import BadOption, parse_cores, serve
 
+    listener = _listen(host, port, "the sandbox service")
+    # SIGTERM unwinds as Ctrl-C does: the server stops (killing the running tools),
+    # then the events are sent.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         options = {
             "backend": backend,
@@ -749,10 +759,15 @@ def sandbox_serve(
             "workspace_quota_mb": workspace_quota_mb,
             "default_timeout_s": default_timeout_s,
         }
-        serve(host=host, port=port, options=options, token_file=token_file, events_url=events_url)
+        serve(
+            host=host, port=port, options=options, token_file=token_file,
+            events_url=events_url, listener=listener,
+        )  # fmt: skip
     except BadOption as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        pass
 
 
 def _sim(
@@ -906,6 +921,15 @@ def serve(
             "--num-blocks for a policy that needs or uses a CPU tier, else none).",
         ),
     ] = None,
+    session_idle_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            max=1e9,
+            help="A session with nothing in flight and no tool open this long is ended "
+            '(its seat goes back after its gap, well before: docs/gateway.md "Seats").',
+        ),
+    ] = 300.0,
     log: Annotated[Path, typer.Option(help="vLLM's output.")] = Path("out/vllm.log"),
     vllm_arg: Annotated[
         list[str] | None, typer.Option(help="One more vLLM argument (repeatable).")
@@ -919,14 +943,15 @@ def serve(
     import os
 
     token = _gateway_token(os.environ.get("AGENTMARS_GATEWAY_TOKEN", ""), host)
-    listener = _listen(host, port)
+    listener = _listen(host, port, "the gateway")
     if engine is Engine.sim:
         vllm_only = [name for name, value in (("--model", model), ("--vllm-python", vllm_python),
                      ("--cores", cores), ("--vllm-arg", vllm_arg), ("--replicas", replicas > 1),
                      ("--cpu-kv-blocks", cpu_kv_blocks is not None)) if value]  # fmt: skip
         _serve_sim(
-            profile, vllm_only, policy, host, port, token, num_blocks, max_model_len, listener
-        )
+            profile, vllm_only, policy, host, port, token, num_blocks, max_model_len,
+            session_idle_s, listener,
+        )  # fmt: skip
     if model is None:
         typer.echo("error: --engine vllm needs --model (vllm serves a model directory)", err=True)
         raise typer.Exit(2)
@@ -953,6 +978,7 @@ def serve(
             vllm_args=tuple(vllm_arg or ()),
             cpu_kv_blocks=cpu_kv_blocks,
             replicas=replicas,
+            session_idle_s=session_idle_s,
         )
         code = run_serve(options, listener)
     except (ServeError, RuntimeError) as exc:  # RuntimeError: vLLM did not start
@@ -987,15 +1013,16 @@ def _gateway_token(token: str, host: str) -> str:
     return token
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The gateway's socket, bound before an engine starts (vLLM takes a minute): a
-    busy port is refused at once, and nothing the engine starts can take it."""
+def _listen(host: str, port: int, server: str) -> socket.socket:
+    """``server``'s socket, bound before anything slow starts (vLLM takes a minute, a
+    sandbox pool a probe) and before any banner: a busy port is refused at once, with
+    exit status 2, and nothing started later can take it."""
     from agentmars.server.web.serving import CannotListen, listening_socket
 
     try:
         return listening_socket(host, port)
     except CannotListen as exc:
-        typer.echo(f"error: the gateway cannot listen on {host}:{port}: {exc}", err=True)
+        typer.echo(f"error: {server} cannot listen on {host}:{port}: {exc}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -1008,6 +1035,7 @@ def _serve_sim(
     token: str,
     num_blocks: int | None,
     max_model_len: int | None,
+    session_idle_s: float,
     listener: socket.socket,
 ) -> None:
     from agentmars.cli.serve_sim import SimServeError, SimServeOptions, serve_sim
@@ -1026,6 +1054,7 @@ def _serve_sim(
             token=token,
             num_blocks=num_blocks,
             max_model_len=max_model_len,
+            session_idle_s=session_idle_s,
         )
         code = serve_sim(options, listener)
     except SimServeError as exc:

@@ -72,6 +72,8 @@ class ServeOptions:
     """The CPU KV tier's size in KV blocks (``--cpu-kv-blocks``; 0: none); None: as many
     as the GPU's (seed 003's tight 1x) for a policy whose engine half needs or uses a
     CPU tier, else none."""
+    session_idle_s: float = 300.0
+    """The gateway's final expiry of a quiet session (``GatewayConfig``)."""
 
     def cpu_tier_blocks(self) -> int:
         """The CPU tier vLLM starts with (``cpu_kv_blocks``, or its default)."""
@@ -246,4 +248,5 @@ def _gateway_config(
         plugin_kv_address=first.kv_address,
         plugin_hints_address=first.hints_address,
         more_replicas=tuple(more),
+        session_idle_s=options.session_idle_s,
     )

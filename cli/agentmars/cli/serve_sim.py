@@ -46,6 +46,8 @@ class SimServeOptions:
     """KV blocks instead of the profile's."""
     max_model_len: int | None = None
     """Context limit instead of the profile's."""
+    session_idle_s: float = 300.0
+    """The gateway's final expiry of a quiet session (``GatewayConfig``)."""
 
 
 def live_profile(
@@ -99,6 +101,7 @@ def serve_sim(options: SimServeOptions, listener: socket.socket) -> int:
                 policy=options.policy,
                 block_size=engine.profile.block_size,
                 kv_source=engine,
+                session_idle_s=options.session_idle_s,
             )
             try:
                 app = create_gateway_app(config, hub=hub)

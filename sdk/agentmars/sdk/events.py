@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -32,6 +33,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION: Final = 1
 """Version of the event schema written by this code; readers accept 1..SCHEMA_VERSION."""
@@ -43,6 +45,10 @@ values are doubles) reads it as written. A larger one is a decoding error."""
 MAX_SECONDS: Final = 1e9
 """The longest duration an event carries (about 31 years: no boundary of a serving host
 lasts that long), so sums and products of durations stay finite."""
+MAX_TOOL_S: Final = 24 * 3600.0
+"""The longest a tool call runs: the sandbox's largest timeout. A tool's reported
+duration or CPU time past it is taken as this (a client's ``tool_end`` must not feed
+the policies' tool figures a duration no tool can have)."""
 MAX_NS: Final = 2**63 - 1
 """Timestamps are int64 nanoseconds, as every tracing format stores them (the wall
 clock reaches the limit in 2262)."""
@@ -74,6 +80,7 @@ Integer = Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)]
 Nanoseconds = Annotated[int, Field(ge=0, le=MAX_NS)]
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
 Port = Annotated[int, Field(ge=1, le=65535)]
+ToolSeconds = Annotated[Seconds, AfterValidator(lambda seconds: min(seconds, MAX_TOOL_S))]
 
 
 def clock() -> dict[str, int]:
@@ -142,9 +149,51 @@ class Event(BaseModel):
             raise ValueError(f"schema version must be an integer, got {value!r}")
         return value
 
+    @model_validator(mode="after")
+    def _unicode_text(self) -> Event:
+        # JSON's "\ud800" escape reads (json.loads) as a lone surrogate, which no UTF-8
+        # text holds: such an event could be neither written (to_json) nor kept. Every
+        # string of every event, the keys and values of its mappings too, is checked
+        # here, once, whoever builds the event.
+        for name, value in self.__dict__.items():
+            # Validated, a text is a str and a mapping a dict: exact types, cheaper to
+            # test than isinstance (this runs for every event built, about 1 us).
+            if type(value) is str:
+                if value.isascii():
+                    continue
+            elif type(value) is not dict:
+                continue
+            surrogate = lone_surrogate(value)
+            if surrogate is not None:
+                raise PydanticCustomError(
+                    "lone_surrogate",
+                    "{field} holds the lone surrogate U+{code}, which no UTF-8 text can hold",
+                    {"field": name, "code": f"{ord(surrogate):04X}"},
+                )
+        return self
+
     def to_json(self) -> str:
         """Compact JSON, the wire form of one event."""
         return self.model_dump_json(exclude_none=True)
+
+
+def lone_surrogate(value: object) -> str | None:
+    """The first lone surrogate of a string, or of the keys and values of a mapping of
+    strings, else None."""
+    if isinstance(value, str):
+        if value.isascii():
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return value[exc.start]
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            surrogate = lone_surrogate(key) or lone_surrogate(item)
+            if surrogate is not None:
+                return surrogate
+    return None
 
 
 class SessionEvent(Event):
@@ -304,8 +353,8 @@ class ToolEnd(CallEvent):
     status: Literal["ok", "error", "timeout", "killed", "cancelled"] = "ok"
     exit_status: Integer | None = None
     error: str | None = None
-    duration_s: Seconds = 0.0
-    cpu_time_s: Seconds | None = None
+    duration_s: ToolSeconds = 0.0
+    cpu_time_s: ToolSeconds | None = None
 
 
 class ToolStats(Event):

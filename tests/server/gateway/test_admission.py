@@ -105,7 +105,7 @@ async def test_a_sessionless_call_frees_the_window_when_it_ends(windowed: Gatewa
 
 
 async def test_an_idle_session_is_let_go(engine: Engine, make_gateway: GatewayFactory) -> None:
-    with make_gateway(engine.url, policy="test-window-of-one", idle_timeout_s=0.3) as gw:
+    with make_gateway(engine.url, policy="test-window-of-one", session_idle_s=0.3) as gw:
         async with httpx.AsyncClient(timeout=3) as client:
             await client.post(f"{gw.url}/v1/chat/completions", json=_chat("a"))
             start = time.monotonic()
@@ -307,7 +307,7 @@ async def test_a_session_stays_queued_while_one_of_its_calls_still_waits(
 async def test_a_session_running_a_tool_does_not_idle_out(
     engine: Engine, make_gateway: GatewayFactory
 ) -> None:
-    with make_gateway(engine.url, policy="test-window-of-one", idle_timeout_s=0.3) as gw:
+    with make_gateway(engine.url, policy="test-window-of-one", session_idle_s=0.3) as gw:
         async with httpx.AsyncClient(timeout=5) as client:
             await client.post(f"{gw.url}/v1/chat/completions", json=_chat("a"))
             tool = {"session_id": "a", "call_id": "t", "tool": "pytest"}

@@ -86,7 +86,7 @@ async def test_a_call_asks_nothing_of_the_idle_sessions() -> None:
 
 
 async def test_idle_sessions_end_when_due_and_only_then() -> None:
-    admission, published, clock = make(idle_timeout_s=10.0)
+    admission, published, clock = make(session_idle_s=10.0)
     await admission.enter(meta("a"))
     admission.leave("a")
     clock.now = 5.0
@@ -102,7 +102,7 @@ async def test_idle_sessions_end_when_due_and_only_then() -> None:
 
 
 async def test_a_tool_that_never_ends_holds_its_session_only_so_long() -> None:
-    admission, published, clock = make(idle_timeout_s=10.0, tool_silence_s=100.0)
+    admission, published, clock = make(session_idle_s=10.0, tool_silence_s=100.0)
     await admission.enter(meta("a"))
     admission.leave("a")
     admission.on_events([ToolStart(session_id="a", call_id="t", tool="bash")])
@@ -116,9 +116,9 @@ async def test_a_tool_that_never_ends_holds_its_session_only_so_long() -> None:
 
 async def test_a_session_known_only_from_the_stream_ends_too() -> None:
     # Today a session_start with no call stayed in the gateway (and both halves) forever.
-    admission, published, clock = make(idle_timeout_s=10.0)
+    admission, published, clock = make(session_idle_s=10.0)
     admission.on_events([SessionStart(session_id="x", agent="coder")])
-    assert admission.known == {"x": "coder"}
+    assert admission.known["x"].agent == "coder"
     clock.now = 10.0
     admission.admit()
     assert ends(published) == [("x", "no call or tool for 10 s")]
@@ -162,16 +162,36 @@ async def test_past_the_waiting_limit_a_new_session_gets_429(
     assert set(admission.known) == {"a", "b"}
 
 
-async def test_admitted_sessions_are_bounded_whatever_the_policy_says(
+async def test_past_the_seats_a_new_session_gets_429_at_once_while_all_are_busy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Today a new session waited for the idle expiry (300 s), with no 429.
     monkeypatch.setattr(admission_module, "MAX_ADMITTED_SESSIONS", 2)
     admission, _, _ = make()
     for s in ("a", "b"):
+        await admission.enter(meta(s))  # each with a call in flight
+    with pytest.raises(GatewayError) as refused:
+        await admission.enter(meta("c"))
+    assert refused.value.status == 429
+    assert refused.value.headers == {"Retry-After": "1"}
+    assert admission.waiting == {} and sorted(admission.admitted) == ["a", "b"]
+
+
+async def test_past_the_seats_the_least_recently_active_idle_seat_goes_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(admission_module, "MAX_ADMITTED_SESSIONS", 3)
+    admission, published, clock = make()
+    for n, s in enumerate(("a", "b", "c")):
+        clock.now = float(n)
         await admission.enter(meta(s))
-    third = asyncio.create_task(admission.enter(meta("c")))
-    await asyncio.sleep(0)
-    assert list(admission.waiting) == ["c"]
-    admission.end("a", "ok")
-    assert await asyncio.wait_for(third, 1.0) == 0
-    assert sorted(admission.admitted) == ["b", "c"]
+    admission.leave("b")  # idle since 2.0
+    clock.now = 2.5
+    admission.leave("a")  # idle since 2.5
+    await asyncio.wait_for(admission.enter(meta("d")), 1.0)
+    # "b" was quiet longest: its seat went back, but it is not over
+    assert sorted(admission.admitted) == ["a", "c", "d"]
+    assert "b" in admission.known and ends(published) == []
+    # a busy session is never evicted: "c" has a call in flight
+    await asyncio.wait_for(admission.enter(meta("e")), 1.0)
+    assert sorted(admission.admitted) == ["c", "d", "e"]

@@ -40,6 +40,20 @@ def test_a_session_is_measured_once_from_its_start_to_its_end() -> None:
     }  # fmt: skip
 
 
+def test_a_session_the_gateway_ended_lasts_until_its_last_activity() -> None:
+    # Issue 38: sessions ended at the 300 s idle expiry were recorded as lasting 300 s.
+    operator = _operator()
+    operator.observe(SessionStart(session_id="s", mono_ns=1_000_000_000))
+    expired = SessionEnd(
+        session_id="s", mono_ns=301_000_000_000, duration_s=4.0, source="gateway",
+        status="cancelled", error="no call or tool for 300 s",
+    )  # fmt: skip
+    operator.observe(expired)
+    assert operator.snapshot().session_s.model_dump() == {
+        "p50": 4.0, "p90": 4.0, "p99": 4.0, "count": 1,
+    }  # fmt: skip
+
+
 def test_tool_names_share_one_label_past_the_limit() -> None:
     operator = _operator()
     for i in range(MAX_TOOL_KINDS + 10):

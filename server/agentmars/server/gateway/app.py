@@ -98,9 +98,9 @@ class GatewayConfig:
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     read_timeout_s: float = 600.0
     models_ttl_s: float = 5.0
-    idle_timeout_s: float = 300.0
-    """An admitted session with no LLM call in flight and no tool queued or running
-    for this long is let go (docs/gateway.md "Admission")."""
+    session_idle_s: float = 300.0
+    """A session with no LLM call in flight and no tool queued or running for this
+    long is ended (docs/gateway.md "Seats"); its seat goes back well before."""
     block_size: int = 16
     tool_cores: int | None = None
     """Cores for tools (None: all of this host's)."""
@@ -233,7 +233,7 @@ def _build_gateway(config: GatewayConfig, hub: EventHub, policy: Policy | None) 
         half,
         view,
         policy_name=policy.name,
-        idle_timeout_s=config.idle_timeout_s,
+        session_idle_s=config.session_idle_s,
         publish=hub.publish,
     )
     operator = OperatorState(admission, config.model_name)

@@ -245,8 +245,12 @@ class OperatorState:
             self._start(event.session_id, event.mono_ns / 1e9)
         elif event.kind == "session_end":
             start = self._started.pop(event.session_id, None)
-            if start is not None:
-                self.session_duration.observe(max(event.mono_ns / 1e9 - start, 0.0))
+            if start is None:
+                return
+            # The gateway ends a session at its idle expiry, long after its last
+            # activity: its own end says how long the session lasted.
+            lasted = event.mono_ns / 1e9 - start if event.source != "gateway" else event.duration_s
+            self.session_duration.observe(max(lasted, 0.0))
         elif event.kind == "tool_start":
             self.tool_queue_wait.labels(self._tools.kind(event.tool)).observe(event.queue_wait_s)
         elif event.kind == "tool_end":
@@ -254,7 +258,7 @@ class OperatorState:
 
     def _admitted(self, session: WaitingSession) -> None:
         # The admission's clock is the view's, monotonic seconds as the events' mono_ns.
-        self.admission_wait.observe(max(self.admission.view.now - session.arrival_s, 0.0))
+        self.admission_wait.observe(max(self.admission.view.now - session.called_s, 0.0))
         if session.session_id not in self._started:
             self._start(session.session_id, session.arrival_s)
 

@@ -131,6 +131,13 @@ class AdmissionHalf(_Half):
         session with nothing to lose there). The default: never (affinity)."""
         return None
 
+    def release(self, session_id: str) -> None:
+        """The host took back the seat of a session it had admitted: the session has
+        nothing open and stayed quiet past its gap (docs/gateway.md "Seats"). It is not
+        over (no ``session_end``; the engine half keeps its pins and priority); its
+        next call comes through ``admit`` again. Drop what the half reserves for it
+        (its projected KV, say). The default reserves nothing."""
+
     def tool_priority(self, session_id: str) -> int:
         """Where the session's queued tool calls go in the sandbox pool's queue (lower
         first; ties FIFO): the CPU side of co-scheduling. The gateway sends it with

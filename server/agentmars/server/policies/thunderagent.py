@@ -89,6 +89,13 @@ class ThunderAgentAdmission(AdmissionHalf):
             self._paused.add(event.session_id)
         elif isinstance(event, SessionResume | SessionEnd | SessionMove):
             self._paused.discard(event.session_id)
+        if isinstance(event, SessionEnd):
+            self.release(event.session_id)
+
+    def release(self, session_id: str) -> None:
+        self._unstarted.started(session_id)
+        # A session seated again keeps its replica, so ``place`` may not take this.
+        self._placed.pop(session_id, None)
 
     def room(self, view: AdmissionView) -> dict[int, int]:
         """Each replica's room in tokens: its free KV less the prompts placed there that

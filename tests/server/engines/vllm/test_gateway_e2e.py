@@ -361,7 +361,7 @@ class TestGatewayOnVllm:
         other way than by idling out ``idle_s`` after its call."""
         engine = fresh
         idle_s = 2.0
-        with gateway(engine, Window(1), idle_timeout_s=idle_s) as (client, app):
+        with gateway(engine, Window(1), session_idle_s=idle_s) as (client, app):
             admission = app.state.gateway.admission
             # 1,000 tokens: about 1.6 s of decoding here, so A still runs at the check.
             body, headers = agent_call("a", random_prompt(50, vocab_size, seed=21), 1000)

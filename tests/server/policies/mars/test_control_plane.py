@@ -367,6 +367,39 @@ def test_sessions_in_a_tool_hold_kv_only_while_keeping_it_would_pay() -> None:
     assert (fast.working_set, fast.parked_blocks) == (10, 0)
 
 
+def test_a_call_that_fails_gives_back_its_projection() -> None:
+    # Issue 38: a prompt the engine refused (400) kept its projected KV counted until
+    # the session's idle expiry, and new sessions waited for it.
+    view = gateway(0.0, 64)
+    half = plane()
+    half.admit([SessionData("hog", 160), SessionData("a", 160)], view)
+    assert half.working_set == 20
+    half.on_event(LLMSubmit(session_id="hog", call_id="h1", projected_prompt_tokens=75_000))
+    assert half.working_set == 10 + 4688
+    for status in ("error", "cancelled"):  # an engine 4xx / 5xx / timeout; a disconnect
+        half.on_event(LLMEnd(session_id="hog", call_id="h1", status=status))
+        assert half.working_set == 10  # what hog held before: nothing yet
+        half.on_event(LLMSubmit(session_id="hog", call_id="h1", projected_prompt_tokens=75_000))
+    # a session whose earlier call ran falls back to what that call left
+    half.on_event(LLMEnd(session_id="a", call_id="a1", prompt_tokens=300, output_tokens=20))
+    half.on_event(LLMSubmit(session_id="a", call_id="a2", projected_prompt_tokens=9_000))
+    half.on_event(LLMEnd(session_id="a", call_id="a2", status="error"))
+    assert half._footprint["a"] == 20 and half.parked_blocks == 20
+
+
+def test_a_seat_given_back_drops_the_sessions_kv_from_the_count() -> None:
+    view = gateway(0.0, 64)
+    half = plane()
+    half.admit([SessionData("a", 160), SessionData("b", 320)], view)
+    half.on_event(LLMEnd(session_id="a", call_id="a1", prompt_tokens=160, output_tokens=0))
+    assert (half.working_set, half.parked_blocks) == (30, 10)
+    half.release("a")
+    assert (half.working_set, half.parked_blocks) == (20, 0)
+    # seated again, it counts again from its new call's prompt
+    half.admit([SessionData("a", 480)], view)
+    assert half.working_set == 50
+
+
 def test_on_a_fast_engine_mars_does_not_hold_sessions_the_engine_can_recompute() -> None:
     # react (3.3K-token contexts, ~1-2 s tools) on the cpu-tiny engine with 128 blocks
     # of 128 tokens (about five contexts), 40 sessions at 2/s. Counting every session

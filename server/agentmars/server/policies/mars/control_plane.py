@@ -56,6 +56,9 @@ class MarsControlPlane(AdmissionHalf):
         """EMAs of every tool's duration and CPU time and every LLM call's duration."""
         self._footprint: dict[str, int] = {}
         """Each admitted session's newest projected KV, in blocks."""
+        self._settled: dict[str, int] = {}
+        """Each admitted session's KV as its last finished call left it, in blocks: what
+        its footprint falls back to when a call fails (refused, cut off, timed out)."""
         self.working_set = 0
         """The admitted sessions' projected KV together, in blocks."""
         self._parked: set[str] = set()
@@ -73,21 +76,37 @@ class MarsControlPlane(AdmissionHalf):
             # A tool whose CPU time is not reported is taken to keep a core busy.
             cpu = event.cpu_time_s if event.cpu_time_s is not None else event.duration_s
             self._durations.record(TOOL_CPU, cpu)
-        elif isinstance(event, LLMEnd) and event.status == "ok":
-            self._durations.record("llm", event.duration_s)
-            # Without the engine's count (a stream that reported no usage) the call's
-            # projection from its submit stands: an unknown context is not an empty one.
-            if event.prompt_tokens is not None:
-                self._project(event.session_id, event.prompt_tokens + (event.output_tokens or 0))
-            self._park(event.session_id, True)
+        elif isinstance(event, LLMEnd):
+            self._call_ended(event)
         elif isinstance(event, LLMSubmit):
             self._park(event.session_id, False)
             if event.projected_prompt_tokens is not None:
                 tokens = event.projected_prompt_tokens + (event.max_tokens or 0)
                 self._project(event.session_id, tokens)
         elif isinstance(event, SessionEnd):
-            self._park(event.session_id, False)
-            self.working_set -= self._footprint.pop(event.session_id, 0)
+            self.release(event.session_id)
+
+    def release(self, session_id: str) -> None:
+        """The session ended or gave its seat back: its KV is no longer ours to count."""
+        self._park(session_id, False)
+        self.working_set -= self._footprint.pop(session_id, 0)
+        self._settled.pop(session_id, None)
+
+    def _call_ended(self, event: LLMEnd) -> None:
+        """A call's projection gives way to what the call left: its actual KV when it
+        ran, or what the session held before it when it failed."""
+        session_id = event.session_id
+        if event.status == "ok":
+            self._durations.record("llm", event.duration_s)
+            # Without the engine's count (a stream that reported no usage) the call's
+            # projection from its submit stands: an unknown context is not an empty one.
+            if event.prompt_tokens is not None:
+                self._project(session_id, event.prompt_tokens + (event.output_tokens or 0))
+            if session_id in self._footprint:
+                self._settled[session_id] = self._footprint[session_id]
+        elif session_id in self._footprint:
+            self._set_footprint(session_id, self._settled.get(session_id, 0))
+        self._park(session_id, True)
 
     def _project(self, session_id: str, tokens: int) -> None:
         """The session's projected KV (gpu_submit's projection, gpu_end's actual);
