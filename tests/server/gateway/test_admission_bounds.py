@@ -17,14 +17,7 @@ from agentmars.server.gateway.proxy import GatewayError
 from agentmars.server.policies.admission_view import StreamAdmissionView
 from agentmars.server.policies.interface import AdmissionHalf
 from agentmars.server.policies.views import AdmissionView, SessionView
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.server.gateway.clock import Clock
 
 
 class Window(AdmissionHalf):

@@ -15,19 +15,12 @@ from agentmars.server.gateway.call_meta import CallMeta
 from agentmars.server.gateway.gaps import MIN_GAP_S
 from agentmars.server.policies.admission_view import StreamAdmissionView
 from agentmars.server.policies.registry import make_policy, policy_names
+from tests.server.gateway.clock import Clock
 
 STEP_S = 0.05
 """How far the clock moves between two admission passes while a call waits."""
 KV = KVStats(total_blocks=48, free_blocks=48, used_blocks=0)
 """cpu-tiny's pool (48 blocks of 16 tokens here), idle."""
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def host(policy: str) -> tuple[Admission, Clock]:
