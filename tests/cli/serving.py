@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,14 +32,14 @@ class Twin:
 
 
 @contextlib.contextmanager
-def served_twin(env: Mapping[str, str] | None = None) -> Iterator[Twin]:
+def served_twin(env: Mapping[str, str] | None = None, args: Sequence[str] = ()) -> Iterator[Twin]:
     """``agentmars serve --engine sim --profile cpu-tiny`` on a free loopback port, as a
-    user starts it (``env``: variables on top of this process's); stopped (SIGTERM) and
-    checked to exit cleanly after."""
+    user starts it (``env``: variables on top of this process's; ``args``: more
+    options); stopped (SIGTERM) and checked to exit cleanly after."""
     port = free_loopback_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "agentmars.cli.main", "serve", "--engine", "sim",
-         "--profile", "cpu-tiny", "--port", str(port)],
+         "--profile", "cpu-tiny", "--port", str(port), *args],
         env={**os.environ, "AGENTMARS_GATEWAY_TOKEN": TWIN_TOKEN, **(env or {})},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip

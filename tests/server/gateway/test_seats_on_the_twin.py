@@ -6,12 +6,14 @@ in time (a few dozen calls)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import Any
 
 import httpx
 
-from agentmars.sdk.events import ToolEnd
+from agentmars.sdk.events import SessionEnd, ToolEnd
 from agentmars.server.gateway.gaps import FIRST_GAP_S
 from tests.cli.serving import Twin, served_twin
 
@@ -88,3 +90,29 @@ def test_a_refused_prompt_and_an_unstarted_tool_hold_nothing() -> None:
         # With other sessions seated, the hog's call still gets its 4xx at once.
         took, refused = timed_call(client, twin, "hog-2", content="x" * 300_000)
         assert refused.status_code == 400 and took < WAIT_S
+
+
+def test_session_idle_s_ends_a_quiet_session_recording_its_last_activity() -> None:
+    with served_twin(args=["--session-idle-s", "1.5"]) as twin, httpx.Client(timeout=60) as c:
+        started = time.monotonic()
+        _, response = timed_call(c, twin, "quiet")
+        assert response.status_code == 200
+        headers = {"authorization": f"Bearer {twin.token}"}
+        with c.stream("GET", f"{twin.base}/v1/events/stream", headers=headers) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: ") and '"session_end"' in line:
+                    ended = SessionEnd.model_validate_json(line.removeprefix("data: "))
+                    break
+        assert time.monotonic() - started >= 1.5  # the expiry, measured from its call's end
+        assert (ended.session_id, ended.source) == ("quiet", "gateway")
+        assert ended.error == "no call or tool for 1.5 s"
+        assert ended.duration_s < 1.0  # its one call, not the expiry
+
+
+def test_a_session_idle_s_that_is_no_duration_is_refused() -> None:
+    answer = subprocess.run(
+        [sys.executable, "-m", "agentmars.cli.main", "serve", "--engine", "sim",
+         "--profile", "cpu-tiny", "--session-idle-s", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert answer.returncode == 2 and "--session-idle-s" in answer.stderr
