@@ -540,14 +540,17 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             self.cpu_tier.label(session_id, Label.INACTIVE)
         self._paused.pause(session_id)
         now = time.monotonic()
-        running = [r for r in self.running if session_of(r) == session_id]
-        for request in running:
+        for request in [r for r in self.running if session_of(r) == session_id]:
             self.running.remove(request)
             self._preempt_request(request, now)
+        # vLLM's preemption put the running calls back at the head of the waiting
+        # queue: this one list holds each call once (holding them twice made a resume
+        # queue one call twice, and vLLM's loop met it running: "Invalid request
+        # status: RUNNING").
         waiting = [r for r in self.waiting if session_of(r) == session_id]
         if waiting:
             self.waiting.remove_requests(waiting)
-        self._paused.hold(session_id, [*running, *waiting])
+        self._paused.hold(session_id, waiting)
         self._publish(SessionPause(session_id=session_id, source="engine", reason=reason))
 
     def _resume(self, session_id: str) -> None:
