@@ -5,6 +5,8 @@ beside each run (the demo's full size takes minutes: marked slow, run in CI)."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentmars.server.metrics.results import SweepResult
+from tests.bench.serve_killer import ServeKiller
 
 CLI = [sys.executable, "-m", "agentmars.cli.main"]
 
@@ -114,3 +117,59 @@ def test_the_demo_runs_the_whole_system_within_five_minutes(tmp_path: Path) -> N
     assert [run.policy for run in result.runs] == ["mars", "mars (sim)", "fcfs", "fcfs (sim)"]
     assert all(run.summary.sessions == 16 for run in result.runs)
     assert "mars faster by" in done.stdout and (out / "index.html").is_file()
+
+
+@pytest.mark.slow
+def test_a_policy_whose_engine_dies_mid_run_is_reported_failed_and_the_others_are_kept(
+    tmp_path: Path,
+) -> None:
+    # fcfs's server (the gateway and the twin) is killed once its replay has begun:
+    # mars's results are on disk by then, fcfs is recorded as failed with why, and
+    # continuum still runs, on a server of its own.
+    out = tmp_path / "replay"
+    bench = subprocess.Popen(
+        [*CLI, "bench", "replay", "--sessions", "2", "--rate", "2", "--max-turns", "2",
+         "--tool-scale", "0.3", "--policies", "mars,fcfs,continuum", "--num-blocks", "64",
+         "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    killer = ServeKiller(bench.pid, "fcfs", out / "logs", snapshot=out / "results.json")
+    killer.start()
+    try:
+        stdout, stderr = bench.communicate(timeout=280)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        killer.stop()
+    assert killer.killed_pid is not None, stdout + stderr
+    # Written as mars's run ended, before fcfs's failed.
+    assert killer.snapshot_text is not None
+    before = SweepResult.model_validate_json(killer.snapshot_text)
+    assert [run.policy for run in before.runs] == ["mars", "mars (sim)"]
+    assert before.config["policy_runs"] == {
+        "mars": {"status": "done"}, "fcfs": {"status": "pending"},
+        "continuum": {"status": "pending"},
+    }  # fmt: skip
+    assert bench.returncode == 1, stdout + stderr
+    result = SweepResult.read(out / "results.json")
+    assert [run.policy for run in result.runs] == [
+        "mars", "mars (sim)", "continuum", "continuum (sim)"
+    ]  # fmt: skip
+    assert all(run.summary.sessions == 2 for run in result.runs)
+    runs = result.config["policy_runs"]
+    assert isinstance(runs, dict)
+    assert runs["mars"] == runs["continuum"] == {"status": "done"}
+    failed = runs["fcfs"]
+    assert isinstance(failed, dict) and failed["status"] == "failed"
+    error = failed["error"]
+    assert isinstance(error, str) and "fcfs" in error and len(error) <= 300
+    engine_ttft = result.config["engine_ttft_mean_s"]
+    assert isinstance(engine_ttft, dict) and set(engine_ttft) == {"mars", "continuum"}
+    # The table has fcfs's row, failed; no traceback; one line names the failed run.
+    assert re.search(r"fcfs\s.*run failed", stdout), stdout
+    assert f"run failed fcfs: {error}" in " ".join(stdout.split())
+    assert "Traceback" not in stdout + stderr
+    assert "error: 1 of 3 runs failed: fcfs" in stderr
+    assert (out / "index.html").is_file()
+    assert not list(out.glob(".results.json.*"))  # no temporary file left

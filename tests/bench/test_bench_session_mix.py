@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import httpx
 import psutil
 import pytest
 from fastapi import FastAPI
+from rich.console import Console
 
 from agentmars.bench import session_mix
 from agentmars.bench.session_mix import (
@@ -52,6 +54,7 @@ from agentmars.server.engines.twin.app import create_live_app
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
 from agentmars.server.web.ingest import EventHub
 from agentmars.server.web.serving import serve_in_thread
+from tests.bench.serve_killer import ServeKiller
 
 
 def test_the_mix_fits_the_tiny_model_and_ends_sessions_without_a_tool() -> None:
@@ -314,6 +317,39 @@ def test_run_serves_the_policies_interleaved_and_reports_each_run_and_the_means(
     assert "each run" in printed and "means over 3 runs" in printed and "min-max" in printed
 
 
+def test_a_failed_run_is_kept_out_of_the_means_and_shown_failed_in_the_tables(
+    tmp_path: Path,
+) -> None:
+    # fcfs: run 1 ended, run 2 failed; mars: its one run failed; continuum: not served.
+    fcfs_done = {"status": "done", **_run_figures("fcfs", 1, 4.0, 20.0)}
+    fcfs_failed = {"run": 2, "policy": "fcfs", "status": "failed", "error": "RuntimeError: x"}
+    mars_failed = {"run": 1, "policy": "mars", "status": "failed", "error": "RuntimeError: y"}
+    served = {"fcfs": [fcfs_done, fcfs_failed], "mars": [mars_failed], "continuum": []}
+    engine = EngineShape(vllm_python=Path(os.devnull), model=Path(os.devnull), log_dir=tmp_path)
+    shape = MixShape(sessions=2, max_turns=2)
+    order = run_order(["fcfs", "mars", "continuum"], 2)
+    figures = session_mix._figures(engine, shape, build_mix(shape), 2, order, None, served)
+    fcfs, mars, continuum = figures["policies"]
+    assert (fcfs["status"], mars["status"], continuum["status"]) == ("done", "failed", "pending")
+    # fcfs's figures are its ended run's; every run is listed.
+    assert fcfs["session_latency_s"] == aggregate([fcfs_done])["session_latency_s"]
+    assert fcfs["runs"] == [fcfs_done, fcfs_failed]
+    assert mars["error"] == "RuntimeError: y" and figures["ratio_to_first"] == {}
+    assert figures["runs_failed"] == [
+        {"run": 2, "policy": "fcfs", "error": "RuntimeError: x"},
+        {"run": 1, "policy": "mars", "error": "RuntimeError: y"},
+    ]
+    assert session_mix.failed_runs_line(figures) == "2 of 6 runs failed: fcfs (run 2), mars (run 1)"
+    console = Console(record=True, width=300)
+    console.print(session_mix.table(figures))
+    console.print(session_mix.runs_table(figures))
+    text = console.export_text()
+    assert re.search(r"session latency mean s .*5\.000 .*run failed .*run pending", text)
+    assert re.search(r"failed runs .*1 .*1 .*0", text)
+    assert re.search(r"2 .*fcfs .* - .*run failed", text)
+    assert re.search(r"1 .*continuum .* - .*run pending", text)
+
+
 # --- the tools in the sandbox pool -------------------------------------------------------
 
 
@@ -473,3 +509,51 @@ def test_the_command_refuses_runs_and_a_sandbox_it_cannot_use(
     )  # fmt: skip
     assert done.returncode == 2
     assert message in done.stderr
+
+
+def test_a_run_whose_engine_dies_is_reported_failed_and_the_others_are_kept(
+    tmp_path: Path,
+) -> None:
+    # continuum's server (the gateway and the twin) is killed once its replay has
+    # begun: fcfs's figures are in the JSON by then, continuum's run is recorded as
+    # failed with why, and mars still runs, on a server of its own.
+    logs, out = tmp_path / "logs", tmp_path / "mix.json"
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "agentmars.cli.main", "bench", "session-mix", "--twin",
+         "--policies", "fcfs,continuum,mars", "--sessions", "2", "--rate", "2",
+         "--max-turns", "2", "--tool-scale", "0.2", "--log-dir", str(logs),
+         "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    killer = ServeKiller(bench.pid, "continuum", logs, snapshot=out)
+    killer.start()
+    try:
+        stdout, stderr = bench.communicate(timeout=280)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        killer.stop()
+    assert killer.killed_pid is not None, stdout + stderr
+    # Written as fcfs's run ended, before continuum's failed.
+    assert killer.snapshot_text is not None
+    before = json.loads(killer.snapshot_text)
+    assert [(r["policy"], r["status"]) for r in before["policies"]] == [
+        ("fcfs", "done"), ("continuum", "pending"), ("mars", "pending")
+    ]  # fmt: skip
+    assert before["policies"][0]["session_latency_s"]["mean"] > 0
+    assert bench.returncode == 1, stdout + stderr
+    figures = json.loads(out.read_text())
+    fcfs, continuum, mars = figures["policies"]
+    assert (fcfs["status"], continuum["status"], mars["status"]) == ("done", "failed", "done")
+    assert fcfs["failed"] == mars["failed"] == []
+    error = continuum["error"]
+    assert error.startswith("RuntimeError: continuum") and len(error) <= 300
+    assert figures["runs_failed"] == [{"run": 1, "policy": "continuum", "error": error}]
+    # The ratios are of the runs that ended.
+    assert set(figures["ratio_to_first"]) == {"mars"}
+    # The table's continuum column says the run failed; no traceback; one line names it.
+    assert re.search(r"session latency mean s\s.*run failed", stdout), stdout
+    assert "Traceback" not in stdout + stderr
+    assert "error: 1 of 3 runs failed: continuum" in stderr
+    assert not list(tmp_path.glob(".mix.json.*"))  # no temporary file left

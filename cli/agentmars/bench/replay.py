@@ -9,7 +9,9 @@ measured by the simulator's own ``metrics.summary``; the engine's counters give 
 prefix-cache figures and preemptions. Beside each measured run, the simulator's
 prediction for the same workload, profile and KV (``policy (sim)``), and the relative
 error of its mean latency. The figures go to ``results.json`` (the simulator's schema,
-docs/metrics.md) and a report folder with plots (``metrics.report``).
+docs/metrics.md), rewritten as each policy's run ends, and a report folder with plots
+(``metrics.report``). A policy's run that fails as a whole (its server does not start,
+its engine dies) is recorded as failed, with why, and the next policies still run.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agentmars.bench.fidelity import calibrated_profile
-from agentmars.bench.report import progress_bars
+from agentmars.bench.report import progress_bars, short_error, write_atomically
 from agentmars.bench.session_mix import (
     EVENTS_PATH,
     SINK_FLUSH_INTERVAL_S,
@@ -421,9 +424,20 @@ def predict(
 
 
 @dataclass(frozen=True)
+class FailedRun:
+    """A policy whose run failed as a whole: nothing of it was measured."""
+
+    policy: str
+    error: str
+    """Why, in one short line."""
+
+
+@dataclass(frozen=True)
 class ReplayOutput:
     results: SweepResult
     runs: list[PolicyRun]
+    """The runs that ended (each with its prediction)."""
+    failed_runs: list[FailedRun] = field(default_factory=list)
 
     def summaries(self) -> list[RunSummary]:
         return [run.summary for run in self.results.runs]
@@ -444,21 +458,51 @@ def run_all(
     engine: EngineShape,
     sandbox: SandboxShape,
     on_done: Progress | None = None,
+    out: Path | None = None,
 ) -> ReplayOutput:
-    """Every policy of the plan in turn, each with its prediction."""
+    """Every policy of the plan in turn, each with its prediction; with ``out``, its
+    ``results.json`` rewritten as each policy's run ends. A run that fails (anything
+    but the bench asked wrongly, ``ReplayBenchError``) is recorded as failed and the
+    next policy runs, on a server of its own (``served`` stops each, whatever
+    happened)."""
     workload = plan.workload_of()
     sandbox.check(engine.agent_cores)
     tool_cost = measure_tool_cost(sandbox, engine.agent_cores, workload)
-    runs = [
-        run_policy(
-            engine, sandbox, policy, workload, on_done, agents=plan.agents, tool_cost=tool_cost
-        )
-        for policy in plan.policies
-    ]
+    runs: list[PolicyRun] = []
+    failed: list[FailedRun] = []
+    for policy in plan.policies:
+        try:
+            run = run_policy(
+                engine, sandbox, policy, workload, on_done, agents=plan.agents, tool_cost=tool_cost
+            )
+        except ReplayBenchError:
+            raise
+        except Exception as error:
+            failed.append(FailedRun(policy, short_error(error)))
+        else:
+            runs.append(run)
+        if out is not None:
+            write_results(_output(plan, engine, sandbox, tool_cost, runs, failed), out)
+    return _output(plan, engine, sandbox, tool_cost, runs, failed)
+
+
+def _output(
+    plan: ReplayPlan,
+    engine: EngineShape,
+    sandbox: SandboxShape,
+    tool_cost: ToolCost,
+    runs: list[PolicyRun],
+    failed: list[FailedRun],
+) -> ReplayOutput:
+    """The runs so far as ``results.json``'s contents: each ended run and its
+    prediction; in ``config.policy_runs`` every policy of the plan, ``done``,
+    ``failed`` (with its ``error``) or ``pending`` (not run yet)."""
     results = []
     for run in runs:
         for record in (run.record, run.predicted):
             results.append(RunResult(rate=plan.rate, summary=summarize(record)))
+    ended = {run.policy: {"status": "done"} for run in runs}
+    ended |= {run.policy: {"status": "failed", "error": run.error} for run in failed}
     config: dict[str, Any] = {
         "plan": asdict(plan),
         "engine": engine_name(engine),
@@ -468,20 +512,33 @@ def run_all(
         "agent_cores": engine.agent_cores,
         "tool_slots": sandbox.tool_slots,
         "tool_cost_s": asdict(tool_cost),
+        "policy_runs": {
+            policy: ended.get(policy, {"status": "pending"}) for policy in plan.policies
+        },
         "failed": {run.policy: run.failed for run in runs if run.failed},
         "engine_ttft_mean_s": {run.policy: run.engine_ttft_s for run in runs},
         "agent_cpu_s_per_call": {run.policy: run.agent_cpu_s for run in runs},
     }
     # Through JSON: tuples become lists, as results.json holds them.
     described = json.loads(json.dumps(config))
-    return ReplayOutput(SweepResult(config=described, runs=results), runs)
+    return ReplayOutput(SweepResult(config=described, runs=results), list(runs), list(failed))
+
+
+def write_results(output: ReplayOutput, out: Path) -> Path:
+    """``results.json`` in ``out``, written atomically (never half a file)."""
+    path = out / "results.json"
+    write_atomically(path, output.results.model_dump_json(indent=2) + "\n")
+    return path
 
 
 # --- what a person reads --------------------------------------------------------------
 
 
-def run_with_progress(plan: ReplayPlan, engine: EngineShape, sandbox: SandboxShape) -> ReplayOutput:
-    """``run_all`` with a progress bar per policy (its sessions done)."""
+def run_with_progress(
+    plan: ReplayPlan, engine: EngineShape, sandbox: SandboxShape, out: Path | None = None
+) -> ReplayOutput:
+    """``run_all`` with a progress bar per policy (its sessions done); with ``out``,
+    ``results.json`` there as each policy's run ends."""
     with progress_bars() as progress:
         done = dict.fromkeys(plan.policies, 0)
 
@@ -491,33 +548,68 @@ def run_with_progress(plan: ReplayPlan, engine: EngineShape, sandbox: SandboxSha
 
         for policy in plan.policies:
             progress(f"{policy}: sessions done", 0, plan.sessions)
-        return run_all(plan, engine, sandbox, on_done)
+        return run_all(plan, engine, sandbox, on_done, out)
 
 
-def publish_output(output: ReplayOutput, out: Path) -> Path:
-    """Print the tables and write ``results.json`` and the report into ``out``; the
-    report's index."""
-    out.mkdir(parents=True, exist_ok=True)
-    output.results.write(out / "results.json")
-    index = write_report(output.results.runs, out, config=output.results.config)[-1]
+def publish_output(output: ReplayOutput, out: Path) -> Path | None:
+    """Print the tables and write ``results.json`` and the report (of the runs that
+    ended) into ``out``; the report's index (None: no run ended, no report)."""
+    write_results(output, out)
+    index = None
+    if output.results.runs:
+        index = write_report(output.results.runs, out, config=output.results.config)[-1]
     console = Console()
-    console.print(summary_table(output.summaries()))
-    console.print(comparison_table(output))
-    errors = output.prediction_errors()
-    console.print(
-        "The simulator's prediction of each policy's mean latency, against the measured: "
-        + ", ".join(f"{policy} {error:+.0%}" for policy, error in errors.items())
-    )
-    console.print(ttft_sides(output))
-    console.print(
-        "The agents' own CPU per call, on the agent cores (charged in the prediction): "
-        + ", ".join(f"{run.policy} {run.agent_cpu_s * 1000:.0f} ms" for run in output.runs)
-    )
+    console.print(runs_table(output))
+    if output.runs:
+        console.print(comparison_table(output))
+        errors = output.prediction_errors()
+        console.print(
+            "The simulator's prediction of each policy's mean latency, against the measured: "
+            + ", ".join(f"{policy} {error:+.0%}" for policy, error in errors.items())
+        )
+        console.print(ttft_sides(output))
+        console.print(
+            "The agents' own CPU per call, on the agent cores (charged in the prediction): "
+            + ", ".join(f"{run.policy} {run.agent_cpu_s * 1000:.0f} ms" for run in output.runs)
+        )
     for run in output.runs:
         for failure in run.failed:
-            console.print(f"[red]failed[/red] {run.policy}: {failure}")
-    console.print(f"Report: {index} (results.json beside it)")
+            console.print(f"[red]failed[/red] {run.policy}: {escape(failure)}")
+    for failed in output.failed_runs:
+        console.print(f"[red]run failed[/red] {failed.policy}: {escape(failed.error)}")
+    if index is None:
+        console.print(f"No run ended: no report ({out / 'results.json'} says why)")
+    else:
+        console.print(f"Report: {index} (results.json beside it)")
     return index
+
+
+def failed_runs_line(output: ReplayOutput) -> str | None:
+    """One line naming the policies whose run failed (None: none did)."""
+    if not output.failed_runs:
+        return None
+    total = len(output.runs) + len(output.failed_runs)
+    names = ", ".join(failed.policy for failed in output.failed_runs)
+    return f"{len(output.failed_runs)} of {total} runs failed: {names}"
+
+
+def runs_table(output: ReplayOutput) -> Table:
+    """The summary table of every run (``metrics.report``'s), a failed policy's run
+    in it as a row that says so."""
+    summaries = output.summaries()
+    table = summary_table(summaries)
+    if not table.columns:
+        table.add_column("policy")
+        table.add_column("done")
+    headers = [str(column.header) for column in table.columns]
+    for failed in output.failed_runs:
+        cells = ["-"] * len(headers)
+        if "workload" in headers:
+            cells[headers.index("workload")] = summaries[0].workload
+        cells[headers.index("policy")] = failed.policy
+        cells[headers.index("done")] = "[red]run failed[/red]"
+        table.add_row(*cells)
+    return table
 
 
 def ttft_sides(output: ReplayOutput) -> str:
@@ -533,7 +625,8 @@ def ttft_sides(output: ReplayOutput) -> str:
 
 
 def comparison_table(output: ReplayOutput) -> Table:
-    """The first policy's mean and P95 latency against each other's, as measured."""
+    """The first policy's mean and P95 latency against each other's, as measured (the
+    first of those whose run ended; a failed run's row says so)."""
     measured = {s.policy: s for s in output.summaries() if not s.policy.endswith(PREDICTED)}
     first = next(iter(measured))
     table = Table(title=f"{first} against the others (measured)")
@@ -547,4 +640,6 @@ def comparison_table(output: ReplayOutput) -> Table:
             continue
         speedup = f"{latency.mean / base.mean:.2f}x"
         table.add_row(name, f"{latency.mean:.2f}", f"{latency.p95:.2f}", speedup)
+    for failed in output.failed_runs:
+        table.add_row(failed.policy, "[red]run failed[/red]", "-", "-")
     return table

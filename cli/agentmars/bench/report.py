@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -70,10 +71,40 @@ def progress_bars() -> Iterator[ProgressFn]:
         yield RichProgress(progress)
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it,
+    then renamed over it, so that a reader or a crash never finds half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with temporary.open("w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, results: dict[str, Any]) -> None:
+    """The figures as indented JSON in ``path``, written atomically."""
+    write_atomically(path, json.dumps(results, indent=2) + "\n")
+
+
 def publish(table: Table, results: dict[str, Any], json_out: Path | None) -> dict[str, Any]:
     """Print the table and write the figures as JSON when asked."""
     Console().print(table)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        write_json(json_out, results)
     return results
+
+
+def short_error(error: BaseException, limit: int = 300) -> str:
+    """An exception as one short line (its type and message, at most ``limit``
+    characters, the middle cut out): why a run failed, for a table and a JSON entry."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    return text[:head] + " ... " + text[-(limit - head - 5) :]

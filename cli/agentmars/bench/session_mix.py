@@ -28,7 +28,9 @@ second of the replay); then each policy's figures over the first policy's. With 
 (``--runs``) each policy is served and replayed that many times, the policies
 interleaved run by run (so slow drift of the machine hits all alike): the figures of
 each run, their means over the runs, the spread of the mean latency, and the ratios of
-the means.
+the means. The JSON is rewritten after each run; a run that fails as a whole (its
+server does not start, its engine dies) is recorded as failed, with why, and the next
+runs go on.
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ from typing import Any, Protocol
 import httpx
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from agentmars.bench.report import progress_bars, publish
+from agentmars.bench.report import progress_bars, publish, short_error, write_json
 from agentmars.cli.sandbox import BadOption, parse_cores
 
 # The replay runtime's: token ids below FIRST_PLAIN_TOKEN are special tokens, prompts
@@ -797,7 +800,9 @@ def run(
     sandbox: SandboxShape | None = None,
 ) -> dict[str, Any]:
     """Every policy on the same mix, ``runs`` times, interleaved run by run; print the
-    tables, write the JSON."""
+    tables, write the JSON (after each run: what is measured is on disk as soon as it
+    is). A run that fails (its server does not start, its engine dies) is recorded as
+    failed, with why, and the next runs go on, each on a server of its own."""
     check_fits(engine.num_blocks, shape.max_context)
     order = run_order(policies, runs)
     mix = build_mix(shape)
@@ -806,13 +811,58 @@ def run(
     with pinned(engine.agent_cores), progress_bars() as show:
         for i, (run_index, policy) in enumerate(order):
             show(phase, i, len(order))
-            figures = run_policy(
-                engine, policy, mix, sandbox=sandbox, run_index=run_index if runs > 1 else None
+            served[policy].append(
+                _one_run(engine, policy, mix, sandbox, run_index, tagged=runs > 1)
             )
-            served[policy].append({"run": run_index, **figures})
+            if json_out is not None:
+                write_json(json_out, _figures(engine, shape, mix, runs, order, sandbox, served))
         show(phase, len(order), len(order))
-    results = [aggregate(served[policy]) for policy in policies]
-    figures = {
+    figures = _figures(engine, shape, mix, runs, order, sandbox, served)
+    console = Console()
+    if runs > 1:
+        console.print(runs_table(figures))
+    publish(table(figures), figures, json_out)
+    for failure in figures["runs_failed"]:
+        why = escape(failure["error"])
+        console.print(f"[red]run failed[/red] {_run_name(failure, runs)}: {why}")
+    return figures
+
+
+def _one_run(
+    engine: EngineShape,
+    policy: str,
+    mix: list[ReplaySession],
+    sandbox: SandboxShape | None,
+    run_index: int,
+    *,
+    tagged: bool,
+) -> dict[str, Any]:
+    """One run's figures, or its failure: a bench asked wrongly (``SessionMixError``)
+    stops the bench; anything else fails this run only (its server is stopped by
+    ``served`` whatever happened, so the next run starts on a fresh one)."""
+    try:
+        figures = run_policy(
+            engine, policy, mix, sandbox=sandbox, run_index=run_index if tagged else None
+        )
+    except SessionMixError:
+        raise
+    except Exception as error:
+        return {"run": run_index, "policy": policy, "status": "failed", "error": short_error(error)}
+    return {"run": run_index, "status": "done", **figures}
+
+
+def _figures(
+    engine: EngineShape,
+    shape: MixShape,
+    mix: list[ReplaySession],
+    runs: int,
+    order: list[tuple[int, str]],
+    sandbox: SandboxShape | None,
+    served: dict[str, list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """The figures of the runs served so far (a policy not yet served is ``pending``)."""
+    results = [policy_figures(policy, its_runs) for policy, its_runs in served.items()]
+    return {
         "mix": asdict(shape),
         "calls": sum(len(s.turns) for s in mix),
         "engine": {"num_blocks": engine.num_blocks, "max_model_len": engine.max_model_len,
@@ -824,10 +874,43 @@ def run(
         },
         "policies": results,
         "ratio_to_first": ratios(results),
+        "runs_failed": [
+            {"run": run["run"], "policy": run["policy"], "error": run["error"]}
+            for policy_runs in served.values()
+            for run in policy_runs
+            if run.get("status") == "failed"
+        ],
     }  # fmt: skip
-    if runs > 1:
-        Console().print(runs_table(figures))
-    return publish(table(figures), figures, json_out)
+
+
+def policy_figures(policy: str, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A policy's figures over its runs: ``aggregate`` of those that ended (``status``
+    ``done``), with every run, the failed ones included, under ``runs``; ``failed``
+    (with ``error``, the first failed run's) when none ended; ``pending`` before any
+    was served."""
+    done = [run for run in runs if _has_figures(run)]
+    if done:
+        return {**aggregate(done), "status": "done", "runs": list(runs)}
+    if runs:
+        return {
+            "policy": policy, "status": "failed", "error": runs[0]["error"], "failed": [],
+            "runs": list(runs),
+        }  # fmt: skip
+    return {"policy": policy, "status": "pending", "failed": [], "runs": []}
+
+
+def _run_name(failure: dict[str, Any], runs: int) -> str:
+    return failure["policy"] if runs == 1 else f"{failure['policy']} (run {failure['run']})"
+
+
+def failed_runs_line(figures: dict[str, Any]) -> str | None:
+    """One line naming the runs that failed (None: none did)."""
+    failures = figures.get("runs_failed") or []
+    if not failures:
+        return None
+    names = ", ".join(_run_name(failure, figures.get("runs", 1)) for failure in failures)
+    total = len(figures.get("order") or []) or len(failures)
+    return f"{len(failures)} of {total} runs failed: {names}"
 
 
 def run_order(policies: Sequence[str], runs: int) -> list[tuple[int, str]]:
@@ -940,12 +1023,27 @@ def check_fits(num_blocks: int, max_context: int) -> None:
 
 
 def ratios(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each later policy's figures over the first policy's."""
-    base = results[0]
+    """Each later policy's figures over the first policy's (of those with figures: a
+    policy whose runs all failed has none)."""
+    measured = _measured(results)
+    if not measured:
+        return {}
+    base = measured[0]
     return {
         r["policy"]: {name: _ratio(read(r), read(base)) for name, read in FIGURES}
-        for r in results[1:]
+        for r in measured[1:]
     }
+
+
+def _measured(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The policies with figures (a run of theirs ended)."""
+    return [r for r in results if _has_figures(r)]
+
+
+def _has_figures(result: dict[str, Any]) -> bool:
+    """A run that ended, or a policy with one (``status`` ``done``; figures made before
+    runs had a status have no ``status``)."""
+    return bool(result.get("status", "done") == "done")
 
 
 def _ratio(value: float, base: float) -> float:
@@ -967,49 +1065,67 @@ def _title(figures: dict[str, Any]) -> str:
 
 
 def table(figures: dict[str, Any]) -> Table:
-    """Each policy's figures (their means over the runs) and their ratios to the first's."""
+    """Each policy's figures (their means over the runs) and their ratios to the first's;
+    a policy whose runs all failed shows ``run failed`` in its column."""
     results = figures["policies"]
+    measured = _measured(results)
     runs = figures.get("runs", 1)
     title = _title(figures) + (f"; means over {runs} runs" if runs > 1 else "")
     out = Table(title=title)
     out.add_column("figure")
     for r in results:
         out.add_column(r["policy"], justify="right")
-    for r in results[1:]:
-        out.add_column(f"{r['policy']} / {results[0]['policy']}", justify="right")
+    for r in measured[1:]:
+        out.add_column(f"{r['policy']} / {measured[0]['policy']}", justify="right")
+
+    def cells(show: Callable[[dict[str, Any]], str]) -> list[str]:
+        """One row's cells: each policy's figure, as ``show`` gives it if it has some."""
+        return [show(r) if _has_figures(r) else _no_figures(r) for r in results]
+
     for name, read in FIGURES:
-        row = [f"{read(r):.3f}" for r in results]
-        row += [f"{figures['ratio_to_first'][r['policy']][name]:.3f}" for r in results[1:]]
+        row = [f"{read(r):.3f}" if _has_figures(r) else _no_figures(r) for r in results]
+        row += [f"{figures['ratio_to_first'][r['policy']][name]:.3f}" for r in measured[1:]]
         out.add_row(name, *row)
     if runs > 1:
         out.add_row(
             "session latency mean, min-max s",
-            *(
-                f"{r['session_latency_mean_spread_s']['min']:.3f}-"
-                f"{r['session_latency_mean_spread_s']['max']:.3f}"
-                for r in results
+            *cells(
+                lambda r: (
+                    f"{r['session_latency_mean_spread_s']['min']:.3f}-"
+                    f"{r['session_latency_mean_spread_s']['max']:.3f}"
+                )
             ),
         )
-    out.add_row("preemptions", *(f"{r['preemptions']:g}" for r in results))
+    out.add_row("preemptions", *cells(lambda r: f"{r['preemptions']:g}"))
     out.add_row(
         "engine busy fraction",
-        *(f"{r['engine_load'].get('busy_fraction', math.nan):.2f}" for r in results),
+        *cells(lambda r: f"{r['engine_load'].get('busy_fraction', math.nan):.2f}"),
     )
     out.add_row(
         "calls waiting, mean / max",
-        *(
-            f"{r['engine_load'].get('waiting_mean', math.nan):.1f} / "
-            f"{r['engine_load'].get('waiting_max', math.nan):g}"
-            for r in results
+        *cells(
+            lambda r: (
+                f"{r['engine_load'].get('waiting_mean', math.nan):.1f} / "
+                f"{r['engine_load'].get('waiting_max', math.nan):g}"
+            )
         ),
     )
     if figures.get("sandbox") is not None:
         out.add_row(
-            "tool wait for a sandbox slot, mean s",
-            *(f"{_sandbox_wait(r):.3f}" for r in results),
+            "tool wait for a sandbox slot, mean s", *cells(lambda r: f"{_sandbox_wait(r):.3f}")
         )
-    out.add_row("failed sessions", *(str(len(r["failed"])) for r in results))
+    out.add_row("failed sessions", *cells(lambda r: str(len(r["failed"]))))
+    if any(run.get("status") == "failed" for r in results for run in r["runs"]):
+        out.add_row(
+            "failed runs",
+            *(str(sum(run.get("status") == "failed" for run in r["runs"])) for r in results),
+        )
     return out
+
+
+def _no_figures(result: dict[str, Any]) -> str:
+    """A table's cell for a policy without figures: its runs failed (or are to come)."""
+    return f"[red]run {result['status']}[/red]"
 
 
 def _sandbox_wait(result: dict[str, Any]) -> float:
@@ -1034,7 +1150,8 @@ RUN_COLUMNS: tuple[tuple[str, Figure], ...] = tuple(
 
 
 def runs_table(figures: dict[str, Any]) -> Table:
-    """Every run's figures, in the order the runs were served."""
+    """Every run's figures, in the order the runs were served (a failed run's row says
+    so; why is printed below the tables)."""
     out = Table(title=_title(figures) + ": each run")
     out.add_column("run", justify="right")
     out.add_column("policy")
@@ -1043,7 +1160,16 @@ def runs_table(figures: dict[str, Any]) -> Table:
     out.add_column("failed", justify="right")
     runs = {(run["run"], r["policy"]): run for r in figures["policies"] for run in r["runs"]}
     for served in figures["order"]:
-        run = runs[(served["run"], served["policy"])]
+        run = runs.get((served["run"], served["policy"]))
+        if run is None or not _has_figures(run):
+            status = "pending" if run is None else run["status"]
+            out.add_row(
+                str(served["run"]),
+                served["policy"],
+                *(["-"] * len(RUN_COLUMNS)),
+                f"[red]run {status}[/red]",
+            )
+            continue
         out.add_row(
             str(served["run"]),
             served["policy"],

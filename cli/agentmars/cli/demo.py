@@ -18,7 +18,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agentmars.bench.replay import ReplayPlan, engine_shape, publish_output, run_with_progress
+from agentmars.bench.replay import (
+    ReplayPlan,
+    engine_shape,
+    failed_runs_line,
+    publish_output,
+    run_with_progress,
+)
 from agentmars.bench.session_mix import EngineShape, SandboxShape
 
 PLAN = ReplayPlan(
@@ -61,11 +67,14 @@ def demo_engine(out: Path, vllm_files: tuple[Path, Path] | tuple[None, None]) ->
 
 
 def run_demo(engine: EngineShape, out: Path) -> int:
-    """Run it; 0 when every session of every policy finished."""
+    """Run it; 0 when every policy's run ended and every session of it finished."""
     _introduce(engine)
-    output = run_with_progress(PLAN, engine, SandboxShape(tool_slots=TOOL_SLOTS))
+    output = run_with_progress(PLAN, engine, SandboxShape(tool_slots=TOOL_SLOTS), out)
     publish_output(output, out)
-    return 1 if any(run.failed for run in output.runs) else 0
+    failed_runs = failed_runs_line(output)
+    if failed_runs is not None:
+        Console(stderr=True).print(f"error: {failed_runs}")
+    return 1 if failed_runs is not None or any(run.failed for run in output.runs) else 0
 
 
 def _introduce(engine: EngineShape) -> None:

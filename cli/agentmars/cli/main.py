@@ -336,6 +336,7 @@ def bench_replay(
         ReplayBenchError,
         ReplayPlan,
         engine_shape,
+        failed_runs_line,
         fitted_here_unless_given,
         publish_output,
         run_with_progress,
@@ -365,7 +366,7 @@ def bench_replay(
             profile=profile,
         )
         stop_on_sigterm()
-        output = run_with_progress(plan, fitted_here_unless_given(shape), sandbox)
+        output = run_with_progress(plan, fitted_here_unless_given(shape), sandbox, out)
     except (BenchSetupError, ReplayBenchError, SessionMixError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -373,7 +374,10 @@ def bench_replay(
     failed = [run for run in output.runs if run.failed]
     for run in failed:
         typer.echo(f"error: {len(run.failed)} sessions failed under {run.policy}", err=True)
-    raise typer.Exit(1 if failed else 0)
+    failed_runs = failed_runs_line(output)
+    if failed_runs is not None:
+        typer.echo(f"error: {failed_runs}", err=True)
+    raise typer.Exit(1 if failed or failed_runs is not None else 0)
 
 
 @bench_app.command("session-mix")
@@ -448,6 +452,7 @@ def bench_session_mix(
         SandboxShape,
         SessionMixError,
         check_fits,
+        failed_runs_line,
         run,
         served_model,
     )
@@ -481,11 +486,15 @@ def bench_session_mix(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     # A run with failed sessions (a call refused, the engine dead) measured something
-    # else than the policy: its figures are printed, but the command fails.
+    # else than the policy: its figures are printed, but the command fails; so does a
+    # run that failed as a whole (the others' figures are printed and written).
     failed = [(r["policy"], r["failed"]) for r in figures["policies"] if r["failed"]]
     for policy, errors in failed:
         typer.echo(f"error: {len(errors)} sessions failed under {policy}: {errors[0]}", err=True)
-    if failed:
+    failed_runs = failed_runs_line(figures)
+    if failed_runs is not None:
+        typer.echo(f"error: {failed_runs}", err=True)
+    if failed or failed_runs is not None:
         raise typer.Exit(1)
 
 
