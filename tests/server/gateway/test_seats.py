@@ -8,7 +8,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from agentmars.sdk.events import AnyEvent, KVStats, SessionEnd, ToolEnd, ToolStart
+from agentmars.sdk.events import (
+    AnyEvent,
+    KVPin,
+    KVStats,
+    KVUnpin,
+    SessionEnd,
+    ToolEnd,
+    ToolStart,
+)
 from agentmars.server.gateway.admission import Admission
 from agentmars.server.gateway.call_meta import CallMeta
 from agentmars.server.gateway.gaps import FIRST_GAP_S, MIN_GAP_S
@@ -24,6 +32,7 @@ class Seats(AdmissionHalf):
     def __init__(self, width: int) -> None:
         self.width = width
         self.released: list[str] = []
+        self.seated_back: list[str] = []
         self.queues: list[list[tuple[str, float]]] = []
 
     def admit(self, queue: Sequence[SessionView], view: AdmissionView) -> Sequence[SessionView]:
@@ -32,6 +41,9 @@ class Seats(AdmissionHalf):
 
     def release(self, session_id: str) -> None:
         self.released.append(session_id)
+
+    def seated(self, session: SessionView, view: AdmissionView) -> None:
+        self.seated_back.append(session.session_id)
 
 
 def make(
@@ -156,3 +168,25 @@ async def test_a_prompt_larger_than_the_engines_kv_goes_in_at_once() -> None:
     await asyncio.sleep(0)
     assert not fits.done()  # a prompt that fits waits for its seat as usual
     fits.cancel()
+
+
+async def test_a_session_whose_kv_is_pinned_is_seated_again_at_once() -> None:
+    # MORI pinned the contexts of sessions that had given their seat back, and fitted
+    # their next calls into the free KV those pins left: no call ever came back.
+    admission, half, _, clock = make(width=1)
+    await call(admission, "a")
+    admission.on_events([KVPin(session_id="a", blocks=20)])
+    at(admission, clock, FIRST_GAP_S)
+    assert admission.admitted == {} and half.released == ["a"]  # pinned or not
+    clock.now = 11.0
+    await call(admission, "b")  # the one seat
+    assert await call(admission, "a") == 1  # no wait, past the window
+    assert half.seated_back == ["a"] and half.queues[-1] == [("b", 11.0)]
+    # unpinned, a session that gave its seat back waits for one again
+    at(admission, clock, 11.0 + 11.0)
+    admission.on_events([KVUnpin(session_id="a", blocks=20, reason="expired")])
+    await call(admission, "b")
+    back = asyncio.create_task(admission.enter(meta("a")))
+    await asyncio.sleep(0)
+    assert not back.done() and half.seated_back == ["a"]
+    back.cancel()

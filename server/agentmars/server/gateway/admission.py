@@ -7,8 +7,11 @@ A session holds its seat while it has a call in flight or a tool call the stream
 shows queued or running, and for a gap after that (``gaps``: a high quantile of the
 gaps the gateway has measured between calls). Past the gap it gives the seat back
 but stays open: the admission half drops what it reserved for it (``release``), the
-engine half hears nothing (its pins and priority stay), and its next call waits for
-a seat again with its first arrival, so it keeps its place in the queue. Clients
+engine half hears nothing (its pins and priority stay). Its next call is seated at
+once if the stream shows its KV pinned in the engine (``seated``: making it wait would
+hold the pin hostage, and a policy that fits prompts into the free KV would wait for
+blocks the session holds itself); else it waits for a seat again with its first
+arrival, so it keeps its place in the queue. Clients
 that send no tool events and never say goodbye (an unmodified OpenHands, the openai
 client, LiteLLM) then strand no capacity.
 
@@ -47,6 +50,8 @@ from typing import Literal
 
 from agentmars.sdk.events import (
     AnyEvent,
+    KVPin,
+    KVUnpin,
     SessionEnd,
     SessionMove,
     SessionStart,
@@ -255,6 +260,8 @@ class Admission:
         """Seated or known sessions with no call in flight but a tool call open."""
         self._idle_seats = IdleSeats()
         """Seated sessions with nothing open, until their seat is due back."""
+        self._pinned: set[str] = set()
+        """Open sessions whose KV the engine has pinned (``kv_pin``, until ``kv_unpin``)."""
         self.placed: dict[str, int] = {}
         """Behind several engine replicas: the replica of each session placed (kept
         while it is open, seated or not: its KV lives there)."""
@@ -344,6 +351,7 @@ class Admission:
         self._quiet.discard(session_id)
         self._in_tools.discard(session_id)
         self._idle_seats.discard(session_id)
+        self._pinned.discard(session_id)
 
     def _settle(self, session_id: str) -> None:
         """Put a seated or known session where its activity says, as of now."""
@@ -382,7 +390,11 @@ class Admission:
             )  # fmt: skip
             self.waiting[meta.session_id] = waiting
             self._settle(meta.session_id)
-            self.admit()
+            if session.next_turn > 0 and meta.session_id in self._pinned:
+                self._let_in(waiting)
+                self.half.seated(waiting, self.view)
+            else:
+                self.admit()
         waiting.calls += 1
         try:
             # shield: one cancelled call must not cancel a future its siblings await.
@@ -539,6 +551,10 @@ class Admission:
         known until it ends)."""
         if event.kind == "session_end":
             self._forget(event.session_id)
+        elif isinstance(event, KVPin) and self._session(event.session_id) is not None:
+            self._pinned.add(event.session_id)
+        elif isinstance(event, KVUnpin | SessionMove):
+            self._pinned.discard(event.session_id)
         elif isinstance(event, ToolEnqueue | ToolStart | ToolEnd | SessionStart):
             agent = event.agent if isinstance(event, SessionStart) else None
             session = self._session(event.session_id)

@@ -138,6 +138,11 @@ class AdmissionHalf(_Half):
         next call comes through ``admit`` again. Drop what the half reserves for it
         (its projected KV, say). The default reserves nothing."""
 
+    def seated(self, session: SessionView, view: AdmissionView) -> None:
+        """The host seated a session that had given its seat back without asking
+        ``admit``: its KV is pinned in the engine, so its call goes on at once. Count
+        what the half counts for a session it admits. The default counts nothing."""
+
     def tool_priority(self, session_id: str) -> int:
         """Where the session's queued tool calls go in the sandbox pool's queue (lower
         first; ties FIFO): the CPU side of co-scheduling. The gateway sends it with

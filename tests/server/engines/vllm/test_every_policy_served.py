@@ -44,6 +44,14 @@ from tests.server.engines.vllm.helpers import labelled_total, post_events
 TOKEN = "contract-token"
 SESSIONS = 3
 TURNS = 2
+PRESSED_SESSIONS = 4
+PRESSED_PROMPT = 2_600
+"""Under KV pressure: four sessions of 2,600-token contexts at once, 10,400 tokens and
+more, against the 63 usable blocks of 128 (8,064 tokens): pins are dropped, contexts
+go to the CPU tier and back, pausing policies pause (issue 39: thunderagent-cpu killed
+vLLM's engine core so)."""
+PRESSED = frozenset({Capability.CPU_TIER, Capability.PAUSE})
+"""A policy whose engine half needs or uses one of these also runs under pressure."""
 PROFILE = "cpu-tiny"
 REGISTERED = [name for name in policy_names() if policy_class(name).__module__ in POLICY_MODULES]
 """The registered policies (the test policies that test modules register left out)."""
@@ -148,13 +156,15 @@ def serve(starts: Starts, request: pytest.FixtureRequest) -> Iterator[Served]:
         _stop(served)
 
 
-def _agent(client: httpx.Client, session_id: str, vocab_size: int) -> list[int]:
+def _agent(
+    client: httpx.Client, session_id: str, vocab_size: int, prompt_tokens: int = 300
+) -> list[int]:
     """One agent session through the gateway: two calls (the first answered whole, the
     second streamed) with a tool between them, its events posted as the SDK posts
     them; returns the calls' statuses."""
     post_events(client, TOKEN, SessionStart(session_id=session_id, agent="contract"))
     seed = sum(map(ord, session_id))
-    prompt = random_prompt(300, vocab_size, seed=seed)
+    prompt = random_prompt(prompt_tokens, vocab_size, seed=seed)
     statuses = []
     for turn in range(TURNS):
         if turn:
@@ -191,12 +201,20 @@ def test_every_policy_serves_behind_the_gateway(
     vocab_size = model_vocab_size(tiny_model_made_by(vllm_python))
     with (
         httpx.Client(base_url=serve.gateway, timeout=120.0) as client,
-        ThreadPoolExecutor(SESSIONS) as agents,
+        ThreadPoolExecutor(max(SESSIONS, PRESSED_SESSIONS)) as agents,
     ):
         runs = [agents.submit(_agent, client, f"{name}-s{i}", vocab_size) for i in range(SESSIONS)]
         assert [run.result(timeout=240) for run in runs] == [[200] * TURNS] * SESSIONS
+        sessions = SESSIONS
+        if PRESSED & (half.needs | half.uses):
+            runs = [
+                agents.submit(_agent, client, f"{name}-p{i}", vocab_size, PRESSED_PROMPT)
+                for i in range(PRESSED_SESSIONS)
+            ]
+            assert [run.result(timeout=600) for run in runs] == [[200] * TURNS] * PRESSED_SESSIONS
+            sessions += PRESSED_SESSIONS
         metrics = client.get("/metrics").text
-    assert labelled_total(metrics, "agentmars_llm_calls_total", status="ok") == SESSIONS * TURNS
+    assert labelled_total(metrics, "agentmars_llm_calls_total", status="ok") == sessions * TURNS
     # Nothing failed later: vLLM still answers, and its engine never died.
     assert httpx.get(serve.engine + "/health", timeout=10.0).status_code == 200
     log = serve.vllm_log.read_text()

@@ -199,8 +199,11 @@ class MarsControlPlane(AdmissionHalf):
             return ()
         admitted = packed[: int(min(slots, len(packed)))]
         for session in admitted:
-            self._set_footprint(session.session_id, view.blocks_for(session.prompt_tokens))
+            self.seated(session, view)
         return admitted
+
+    def seated(self, session: SessionView, view: AdmissionView) -> None:
+        self._set_footprint(session.session_id, view.blocks_for(session.prompt_tokens))
 
     def pack(
         self, queue: Sequence[SessionView], view: AdmissionView, pressure: Pressure
