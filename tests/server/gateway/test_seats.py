@@ -190,3 +190,16 @@ async def test_a_session_whose_kv_is_pinned_is_seated_again_at_once() -> None:
     await asyncio.sleep(0)
     assert not back.done() and half.seated_back == ["a"]
     back.cancel()
+
+
+async def test_a_call_longer_than_the_gap_keeps_its_seat_for_a_gap_after_it() -> None:
+    # Seen on vLLM: a session seated at 0 whose call ended at 18 s gave its seat back at
+    # once: its gap was counted from its admission, not from its call's end.
+    admission, half, _, clock = make(width=1)
+    await asyncio.wait_for(admission.enter(meta("a")), 1.0)
+    at(admission, clock, 3 * FIRST_GAP_S)
+    admission.leave("a")
+    at(admission, clock, 4 * FIRST_GAP_S - 0.01)
+    assert list(admission.admitted) == ["a"] and half.released == []
+    at(admission, clock, 4 * FIRST_GAP_S)
+    assert half.released == ["a"]

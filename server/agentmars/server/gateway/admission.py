@@ -360,7 +360,10 @@ class Admission:
         self._idle_seats.discard(session_id)
         seated = self.admitted.get(session_id)
         session = seated or self.known.get(session_id)
-        if session is None or session.in_flight > 0:
+        if session is None:
+            return
+        if session.in_flight > 0:
+            session.quiet_since = None  # its gap starts when its calls have ended
             return
         now = self._clock()
         if self.view.runs_tools(session_id):
