@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,26 @@ _T = TypeVar("_T")
 
 POLL_S = 0.02
 """How often the watcher looks for the server and the replay's first call."""
+
+
+def run_killing(
+    command: list[str], policy: str, log_dir: Path, snapshot: Path
+) -> tuple[str, str, int | None, ServeKiller]:
+    """Run a bench ``command`` (``COLUMNS`` wide enough for its tables) while a
+    ``ServeKiller`` kills ``policy``'s server; its output, exit status and the killer."""
+    bench = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    killer = ServeKiller(bench.pid, policy, log_dir, snapshot=snapshot)
+    killer.start()
+    try:
+        stdout, stderr = bench.communicate(timeout=280)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        killer.stop()
+    return stdout, stderr, bench.returncode, killer
 
 
 class ServeKiller(threading.Thread):

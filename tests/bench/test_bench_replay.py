@@ -5,7 +5,6 @@ beside each run (the demo's full size takes minutes: marked slow, run in CI)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentmars.server.metrics.results import SweepResult
-from tests.bench.serve_killer import ServeKiller
+from tests.bench.serve_killer import run_killing
 
 CLI = [sys.executable, "-m", "agentmars.cli.main"]
 
@@ -127,21 +126,12 @@ def test_a_policy_whose_engine_dies_mid_run_is_reported_failed_and_the_others_ar
     # mars's results are on disk by then, fcfs is recorded as failed with why, and
     # continuum still runs, on a server of its own.
     out = tmp_path / "replay"
-    bench = subprocess.Popen(
+    stdout, stderr, code, killer = run_killing(
         [*CLI, "bench", "replay", "--sessions", "2", "--rate", "2", "--max-turns", "2",
          "--tool-scale", "0.3", "--policies", "mars,fcfs,continuum", "--num-blocks", "64",
          "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "COLUMNS": "200"},
+        "fcfs", out / "logs", out / "results.json",
     )  # fmt: skip
-    killer = ServeKiller(bench.pid, "fcfs", out / "logs", snapshot=out / "results.json")
-    killer.start()
-    try:
-        stdout, stderr = bench.communicate(timeout=280)
-    finally:
-        if bench.poll() is None:
-            bench.kill()
-        killer.stop()
     assert killer.killed_pid is not None, stdout + stderr
     # Written as mars's run ended, before fcfs's failed.
     assert killer.snapshot_text is not None
@@ -151,7 +141,7 @@ def test_a_policy_whose_engine_dies_mid_run_is_reported_failed_and_the_others_ar
         "mars": {"status": "done"}, "fcfs": {"status": "pending"},
         "continuum": {"status": "pending"},
     }  # fmt: skip
-    assert bench.returncode == 1, stdout + stderr
+    assert code == 1, stdout + stderr
     result = SweepResult.read(out / "results.json")
     assert [run.policy for run in result.runs] == [
         "mars", "mars (sim)", "continuum", "continuum (sim)"

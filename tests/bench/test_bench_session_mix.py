@@ -54,7 +54,7 @@ from agentmars.server.engines.twin.app import create_live_app
 from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
 from agentmars.server.web.ingest import EventHub
 from agentmars.server.web.serving import serve_in_thread
-from tests.bench.serve_killer import ServeKiller
+from tests.bench.serve_killer import run_killing
 
 
 def test_the_mix_fits_the_tiny_model_and_ends_sessions_without_a_tool() -> None:
@@ -518,22 +518,13 @@ def test_a_run_whose_engine_dies_is_reported_failed_and_the_others_are_kept(
     # begun: fcfs's figures are in the JSON by then, continuum's run is recorded as
     # failed with why, and mars still runs, on a server of its own.
     logs, out = tmp_path / "logs", tmp_path / "mix.json"
-    bench = subprocess.Popen(
+    stdout, stderr, code, killer = run_killing(
         [sys.executable, "-m", "agentmars.cli.main", "bench", "session-mix", "--twin",
          "--policies", "fcfs,continuum,mars", "--sessions", "2", "--rate", "2",
          "--max-turns", "2", "--tool-scale", "0.2", "--log-dir", str(logs),
          "--json", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "COLUMNS": "200"},
+        "continuum", logs, out,
     )  # fmt: skip
-    killer = ServeKiller(bench.pid, "continuum", logs, snapshot=out)
-    killer.start()
-    try:
-        stdout, stderr = bench.communicate(timeout=280)
-    finally:
-        if bench.poll() is None:
-            bench.kill()
-        killer.stop()
     assert killer.killed_pid is not None, stdout + stderr
     # Written as fcfs's run ended, before continuum's failed.
     assert killer.snapshot_text is not None
@@ -542,7 +533,7 @@ def test_a_run_whose_engine_dies_is_reported_failed_and_the_others_are_kept(
         ("fcfs", "done"), ("continuum", "pending"), ("mars", "pending")
     ]  # fmt: skip
     assert before["policies"][0]["session_latency_s"]["mean"] > 0
-    assert bench.returncode == 1, stdout + stderr
+    assert code == 1, stdout + stderr
     figures = json.loads(out.read_text())
     fcfs, continuum, mars = figures["policies"]
     assert (fcfs["status"], continuum["status"], mars["status"]) == ("done", "failed", "done")
