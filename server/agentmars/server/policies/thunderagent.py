@@ -89,8 +89,8 @@ class ThunderAgentAdmission(AdmissionHalf):
             self._paused.add(event.session_id)
         elif isinstance(event, SessionResume | SessionEnd | SessionMove):
             self._paused.discard(event.session_id)
-        if isinstance(event, SessionEnd):
-            self.release(event.session_id)
+        if isinstance(event, SessionEnd):  # its unstarted prompt went with the feed above
+            self._placed.pop(event.session_id, None)
 
     def release(self, session_id: str) -> None:
         self._unstarted.started(session_id)
