@@ -690,6 +690,70 @@ def bench_starvation(
         run(counts, chosen, profile, seed, mice_per_s, out, json_out, progress)
 
 
+@bench_app.command("capacity")
+def bench_capacity(
+    policies: Annotated[
+        str, typer.Option(help="Policies, comma-separated; the first is the one compared.")
+    ] = (
+        "mars,fcfs,autellix,infercept,continuum,continuum-dy,thunderagent,thunderagent-cpu,"
+        "mori,justitia"
+    ),
+    workloads: Annotated[
+        str, typer.Option(help="Registered workloads, comma-separated (`agentmars sim workloads`).")
+    ] = "ilr-1",
+    profile: Annotated[str, typer.Option(help="Cost-model profile name or JSON file.")] = (
+        "h100-qwen3-coder-30b"
+    ),
+    sessions: Annotated[int, typer.Option(min=1, help="Sessions per workload.")] = 200,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the workload generator.")] = 1,
+    slowdown: Annotated[
+        float, typer.Option(help="The bound on the P95 slowdown (latency / T_ideal).")
+    ] = 3.0,
+    low: Annotated[float, typer.Option(help="Low end of the initial bracket (sessions/s).")] = 0.05,
+    high: Annotated[
+        float, typer.Option(help="High end of the initial bracket (sessions/s); doubled while met.")
+    ] = 1.0,
+    max_rate: Annotated[
+        float, typer.Option(help="Stop doubling the high end here (sessions/s).")
+    ] = 16.0,
+    tolerance: Annotated[
+        float, typer.Option(help="Stop when the bracket's width / its low end is at most this.")
+    ] = 0.05,
+    jobs: Annotated[int, typer.Option(min=1, help="Runs in parallel (worker processes).")] = 1,
+    out: Annotated[Path, typer.Option(help="Folder for results.json.")] = Path(
+        "out/bench-capacity"
+    ),
+) -> None:
+    """How many agents one node holds: per policy, the highest Poisson arrival rate at
+    which the P95 slowdown stays within --slowdown, by bisection on the simulator
+    (deterministic: the same options give the same capacities); the first policy's
+    capacity over the best other's. Exit 1 if a run failed."""
+    from agentmars.bench.capacity import CapacityError, Search, Setting, parse_names, run
+    from agentmars.bench.report import progress_bars
+    from agentmars.server.policies.registry import make_policy
+    from agentmars.server.profiles.cost_model import ProfileError, load_profile
+    from agentmars.server.workloads.registry import workload_names
+
+    try:
+        chosen = parse_names(policies, "--policies")
+        for name in chosen:
+            make_policy(name)  # unknown names, or settings a policy does not take
+        names = parse_names(workloads, "--workloads", workload_names())
+        search = Search(low=low, high=high, cap=max_rate, tolerance=tolerance, bound=slowdown)
+        setting = Setting(load_profile(profile), sessions, seed)
+    except (CapacityError, ProfileError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    with progress_bars() as progress:
+        results = run(setting, names, chosen, search, out, jobs=jobs, progress=progress)
+    failed = any(
+        capacity["status"] == "error"
+        for workload in results["workloads"].values()
+        for capacity in workload["capacity"].values()
+    )
+    raise typer.Exit(1 if failed else 0)
+
+
 @events_app.command("validate")
 def events_validate(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
