@@ -36,7 +36,8 @@ TOOLS = [
         },
     }
 ]
-"""Offered in the first chat: a call that may end in a tool call, which MARS pins."""
+"""Offered in the first chat: a call that may end in a tool call, which ``mars-paper``
+pins."""
 SHOWN = (
     "gen_ai.provider.name",
     "server.port",
@@ -95,7 +96,9 @@ def test_one_trace_per_session_from_the_sdk_through_the_gateway_to_the_sandbox(
         sandbox_command = [sys.executable, "-m", "agentmars.cli.main", "sandbox", "serve",
                            "--workspace-root", str(tmp_path / "ws"), "--slots", "1"]  # fmt: skip
         with (
-            served_twin(env=env) as twin,
+            # The paper's MARS pins the KV over the tool call; the default one sends it
+            # to the twin's CPU tier while nobody waits for the blocks (docs/mars.md).
+            served_twin(env=env, args=["--policy", "mars-paper"]) as twin,
             serve_in_subprocess(
                 sandbox_command, env={**env, "AGENTMARS_SANDBOX_TOKEN": SANDBOX_TOKEN}
             ) as sandbox_url,

@@ -32,7 +32,10 @@ from tests.observability.conftest import JOB, Prometheus, StartPrometheus, poll
 GRAFANA = Path(__file__).resolve().parents[2] / "docs" / "observability" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "agentmars.json"
 MODEL = "cpu-tiny"
-POLICY = "mars"  # `serve`'s default; it has an admission window, so that panel has a line
+POLICY = "mars-paper"
+"""Seed 000's MARS: it has an admission window, so that panel has a line, and it pins
+KV over tool calls, so the pin panels have lines (the default ``mars`` sends a parked
+session's KV to the twin's CPU tier while nobody waits for the blocks)."""
 
 
 def _session(index: int) -> SessionSpec:
@@ -205,7 +208,7 @@ def test_every_dashboard_query_has_data_on_a_live_twin(
     tmp_path: Path, start_prometheus: StartPrometheus
 ) -> None:
     dashboard = _dashboard()
-    with served_twin() as twin:
+    with served_twin(args=["--policy", POLICY]) as twin:
         targets = _scrape_targets(twin)
         prometheus = start_prometheus(targets)
         poll(lambda: _targets_scraped(prometheus), 15, "every target scraped")

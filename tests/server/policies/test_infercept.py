@@ -23,6 +23,7 @@ from agentmars.sdk.events import SessionEnd
 from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.infercept import InferCept, InferCeptEngine, waste
 from agentmars.server.policies.interface import Pin, Release, SessionAction
+from agentmars.server.policies.registry import make_policy
 from tests.server.policies.scenarios import calls, ends, evicted_before, run, session, turn
 from tests.server.policies.views import EngineData, LinearCosts, PinData, call
 
@@ -272,3 +273,20 @@ def test_a_pin_larger_than_the_budget_is_swapped_over_several_steps() -> None:
     assert a_calls[1].first_token_s == pytest.approx(1.06)
     assert ends(record) == pytest.approx({"a": 1.07, "b": 0.56})
     assert record.computed_tokens == (30 + 2) + (8 + 55) + (9 + 1)
+
+
+def test_infercept_predicted_reads_the_streams_tool_mean_not_the_oracle() -> None:
+    engine = make_policy("infercept-predicted").engine()
+    assert Capability.TOOL_FIGURES in engine.needs
+    view = EngineData(now=10.0, tool_ema_s={"t": 3.0, "u": 5.0})
+    oracle = {"expects_tool": True, "expected_tool_s": 99.0}
+    assert engine.on_call_finished(call("a", next_tool="t", **oracle), view) == Pin()
+    assert engine._remaining_tool_s(PinData("a", 1, 16), view) == pytest.approx(3.0)
+    # A kind not seen yet: every kind's mean, (3 + 5) / 2.
+    assert engine.on_call_finished(call("b", next_tool="v", **oracle), view) == Pin()
+    assert engine._remaining_tool_s(PinData("b", 1, 16), view) == pytest.approx(4.0)
+    # No tool ended yet: taken to run none, so the pin is not intercepted.
+    engine.on_call_finished(call("c", next_tool="t", **oracle), EngineData(now=10.0))
+    assert engine._remaining_tool_s(PinData("c", 1, 16), view) == 0
+    # No tool expected: released, as the oracle's InferCept does.
+    assert engine.on_call_finished(call("d", expects_tool=False), view) == Release()

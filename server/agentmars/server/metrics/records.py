@@ -28,6 +28,10 @@ class CallRecord:
     recomputed_tokens: int = 0
     """Tokens computed again after a preemption (by recompute) of this call."""
     preemptions: int = 0
+    load_s: float = 0.0
+    """Time its KV spent loading from the CPU tier to the GPU (on a simulated engine)."""
+    load_hidden_s: float = 0.0
+    """Of that, the part done before the call arrived (a load ahead of need)."""
 
     @property
     def ttft_s(self) -> float:

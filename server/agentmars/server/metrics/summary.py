@@ -90,6 +90,11 @@ class KVSummary(BaseModel):
     pinned_block_s: float
     """Blocks held by pins, integrated over time (block-seconds)."""
     preemptions: int
+    load_s: float = 0.0
+    """Time the calls' KV spent loading back from the CPU tier, summed."""
+    load_hidden_share: float | None = None
+    """The part of it done before the calls arrived (loads ahead of need); None: no
+    loads."""
 
 
 class CPUSummary(BaseModel):
@@ -396,6 +401,7 @@ def _call_meets_slo(
 def _kv_summary(
     run: RunRecord, calls: Sequence[CallRecord], window: _Window | None, bins: int
 ) -> KVSummary:
+    load_s = sum(call.load_s for call in calls)
     return KVSummary(
         evicted_blocks=(
             None if run.evictions is None else sum(blocks for _, blocks in run.evictions)
@@ -405,6 +411,8 @@ def _kv_summary(
         prefix_hit_rate=run.prefix_hits / run.prefix_queries if run.prefix_queries else None,
         pinned_block_s=run.pinned_block_s,
         preemptions=run.preemptions,
+        load_s=load_s,
+        load_hidden_share=sum(call.load_hidden_s for call in calls) / load_s if load_s else None,
     )
 
 

@@ -19,6 +19,10 @@ class Capability(StrEnum):
     simulator's cost model; on vLLM, a profile named with ``--profile``."""
     CPU_TIER = "cpu-tier"
     """A CPU KV tier to offload pins and preempted calls to."""
+    PREFETCH = "kv-prefetch"
+    """The ``prefetch`` session action loads a session's CPU-tier copy back to the GPU
+    ahead of its next call (the simulator and the twin); elsewhere the next call loads
+    it as it comes."""
     TICK = "tick"
     """The engine half's ``tick`` called every ``tick_interval_s``, also while idle."""
     PAUSE = "pause"
@@ -40,6 +44,8 @@ HOW_TO_PROVIDE = {
     Capability.COSTS: "start the vLLM plugin with a cost profile (--profile NAME or FILE)",
     Capability.CPU_TIER: "use an engine with a CPU KV tier (the simulator; a twin profile "
     "with cpu_kv_blocks; vLLM started by agentmars serve, which gives it one)",
+    Capability.PREFETCH: "use the simulator or the twin (the vLLM plugin loads a CPU-tier "
+    "copy only when the session's next call asks for it)",
     Capability.TICK: "use an engine that drives the policy's tick",
     Capability.PAUSE: "use an engine that can pause sessions",
     Capability.TOOL_FIGURES: "connect the gateway's side channel (--plugin-hints-addr) so "
@@ -69,3 +75,18 @@ def refuse_unless(
             f"{', '.join(need.value for need in missing)}, which {host} does not provide "
             f"({hints})"
         )
+
+
+def runs_without(
+    policy: str, uses: Iterable[Capability], provides: Iterable[Capability], host: str
+) -> str | None:
+    """What a host says at start when it runs a half without some of what it ``uses``
+    (None: it has all of it)."""
+    missing = sorted(set(uses) - set(provides))
+    if not missing:
+        return None
+    hints = "; ".join(f"{need.value}: {HOW_TO_PROVIDE[need]}" for need in missing)
+    return (
+        f"{host} runs policy {policy!r} without {', '.join(need.value for need in missing)} "
+        f"({hints})"
+    )

@@ -19,7 +19,7 @@ from agentmars.server.policies.interface import (
     SortKey,
 )
 from agentmars.server.policies.registry import register
-from agentmars.server.policies.views import CallView, EngineView, PinView
+from agentmars.server.policies.views import CallView, EngineView, PinView, tool_mean_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,19 @@ class InferCept(Policy):
         return InferCeptEngine()
 
 
+@register
+class InferCeptPredicted(InferCept):
+    """InferCept knowing what MARS knows: the tool's duration predicted from the
+    stream (the mean of the tools of its kind so far, ``EngineView.tool_ema_s``), not
+    read from the client's oracle. Everything else as ``infercept``."""
+
+    name = "infercept-predicted"
+    variant = "WukLab/InferCept's waste equations with predicted tool durations (ours)"
+
+    def engine(self) -> InferCeptEngine:
+        return PredictedInferCeptEngine()
+
+
 class InferCeptEngine(EngineHalf):
     """InferCept inside the engine (``InferCept``'s docstring); the tool durations
     are the client's ``expected_tool_s`` (the simulator's oracle)."""
@@ -96,10 +109,15 @@ class InferCeptEngine(EngineHalf):
 
     def on_call_finished(self, call: CallView, view: EngineView) -> KVDecision:
         self._swapping.discard(call.session_id)
-        if call.expected_tool_s is None:
+        tool_s = self.tool_s(call, view)
+        if tool_s is None:
             return Release()
-        self._tool_ends[call.session_id] = view.now + call.expected_tool_s
+        self._tool_ends[call.session_id] = view.now + tool_s
         return Pin()
+
+    def tool_s(self, call: CallView, view: EngineView) -> float | None:
+        """How long the call's tool runs (None: it calls none)."""
+        return call.expected_tool_s
 
     def tick(self, view: EngineView) -> Sequence[SessionAction]:
         # Only calls whose tool still runs are intercepted; a pin whose tool is done
@@ -147,3 +165,16 @@ class InferCeptEngine(EngineHalf):
         step_s = view.costs.decode_time(-(-batch_tokens // seqs), seqs)
         per_block_s = view.costs.transfer_time(1)
         return int(step_s / per_block_s) if per_block_s > 0 else 0
+
+
+class PredictedInferCeptEngine(InferCeptEngine):
+    """The tool's duration from the stream: its kind's mean so far, else every kind's;
+    a call that expects a tool before any tool ended is taken to run none."""
+
+    needs = frozenset({Capability.COSTS, Capability.TICK, Capability.TOOL_FIGURES})
+
+    def tool_s(self, call: CallView, view: EngineView) -> float | None:
+        if not call.expects_tool:
+            return None
+        mean = tool_mean_s(view, call.next_tool)
+        return mean if mean is not None else 0.0

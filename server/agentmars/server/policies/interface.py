@@ -69,11 +69,13 @@ KVDecision = Release | Pin | Offload
 @dataclass(frozen=True, slots=True)
 class SessionAction:
     """What ``tick`` may do to a session: ``unpin`` its KV, ``offload`` its pin to the
-    CPU tier, ``pause`` it (its calls are held, its KV dropped) or ``resume`` a paused
+    CPU tier, ``prefetch`` its CPU-tier copy back to the GPU as a pin ahead of its next
+    call (``Capability.PREFETCH``; an engine without it leaves the copy for the call to
+    load), ``pause`` it (its calls are held, its KV dropped) or ``resume`` a paused
     one. The engine publishes ``session_pause`` / ``session_resume`` for the last two,
     so the admission half learns of them from the stream."""
 
-    kind: Literal["unpin", "offload", "pause", "resume"]
+    kind: Literal["unpin", "offload", "prefetch", "pause", "resume"]
     session_id: str
     reason: str = ""
     """For ``pause``: why, as the ``session_pause`` event says it (the admission half

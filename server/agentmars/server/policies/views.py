@@ -233,6 +233,16 @@ class EngineView(ToolFigures, Protocol):
         ...
 
 
+def tool_mean_s(figures: ToolFigures, tool: str | None) -> float | None:
+    """A tool's mean duration by the stream's per-kind EMA, or every kind's mean when
+    its own is not known (None: no tool has ended)."""
+    means = figures.tool_ema_s
+    mean = means.get(tool) if tool is not None else None
+    if mean is None and means:
+        mean = sum(means.values()) / len(means)
+    return mean
+
+
 def growth_blocks(call: CallView, blocks_for: Callable[[int], int]) -> int:
     """KV blocks a running call will still allocate to reach its prompt and
     ``max_tokens``, beyond the ones its computed tokens hold: what it holds between

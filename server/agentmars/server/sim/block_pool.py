@@ -223,6 +223,10 @@ class CPUTier:
             held.append(key)
         return len(keys)
 
+    def held(self, holder: str) -> int:
+        """How many copies ``holder`` swapped out."""
+        return len(self._holders.get(holder, ()))
+
     def release(self, holder: str) -> None:
         """Free what ``holder`` swapped out (loaded back, or no longer wanted)."""
         for key in self._holders.pop(holder, ()):

@@ -65,7 +65,12 @@ from agentmars.server.metrics.records import (
     ToolRecord,
 )
 from agentmars.server.policies.admission_view import StreamAdmissionView
-from agentmars.server.policies.capabilities import Capability, PolicyRefused, refuse_unless
+from agentmars.server.policies.capabilities import (
+    Capability,
+    PolicyRefused,
+    refuse_unless,
+    runs_without,
+)
 from agentmars.server.policies.interface import EngineHalf, Policy
 from agentmars.server.policies.tool_activity import ToolActivity
 from agentmars.server.profiles.cost_model import CostModel, Profile
@@ -181,13 +186,9 @@ class SimEngine:
         partitioned = Capability.SM_PARTITION in provides and (
             Capability.SM_PARTITION in engine_half.needs | engine_half.uses
         )
-        if Capability.SM_PARTITION in engine_half.uses and not partitioned:
-            logger.info(
-                "policy %s: profile %s has no SM-share curves; its decode SM share is "
-                "ignored (one shared step, no partition)",
-                policy.name,
-                profile.name,
-            )
+        note = runs_without(policy.name, engine_half.uses, provides, "the simulated engine")
+        if note is not None:
+            logger.info("%s", note)
         self._check_fits(workload, min(profile.max_model_len, num_blocks * profile.block_size))
         self.host = HostCPU(self.config.tool_cores, self.config.tool_slots)
         self.tools = ToolActivity()

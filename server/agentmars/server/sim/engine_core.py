@@ -253,6 +253,8 @@ class KVEngineView:
                 continue
             if action.kind in ("unpin", "offload"):
                 self.drop_pin(session, offload=action.kind == "offload", blocks=action.blocks)
+            elif action.kind == "prefetch":
+                self.scheduler.load_ahead(session, self.scheduler.view.now)
             elif action.kind == "pause":
                 self._pause(session)
                 pause = SessionPause(

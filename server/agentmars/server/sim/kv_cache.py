@@ -28,6 +28,14 @@ class Prefix:
     """Blocks after the GPU part found in the CPU tier."""
 
 
+@dataclass(frozen=True, slots=True)
+class Loading:
+    """A load of a session's swapped copy back to the GPU, ahead of its next call."""
+
+    start_s: float
+    ready_s: float
+
+
 class PinWatch(Protocol):
     """Who hears of the pins a ``KVCache`` takes and releases."""
 
@@ -64,6 +72,8 @@ class KVCache:
         self._out_link_free_s = 0.0
         self._swapped_out_s: dict[str, float] = {}
         """Session -> when the last copy it swapped out is in host memory."""
+        self._loading: dict[str, Loading] = {}
+        """Session -> the load ahead of its pin (``load_ahead``)."""
 
     def register(self, session: Session) -> None:
         """Give a session its block keys' owners."""
@@ -93,8 +103,10 @@ class KVCache:
     def lookup(self, call: Call) -> Prefix:
         """The longest cached prefix of the call's context. At most ``num_tokens - 1``
         tokens can hit: the last one must be computed to produce a token (as in vLLM)."""
-        session = call.session
-        limit = (call.num_tokens - 1) // self.block_size
+        return self._prefix(call.session, (call.num_tokens - 1) // self.block_size)
+
+    def _prefix(self, session: Session, limit: int) -> Prefix:
+        """The longest cached prefix of the session's context, at most ``limit`` blocks."""
         shared = min(session.shared_blocks, limit)
         hit, free = self.pool.prefix(session.kv_group, shared) if shared else (0, 0)
         if hit == shared:
@@ -120,11 +132,7 @@ class KVCache:
         from the CPU tier) and blocks for ``new_tokens`` more."""
         if self.blocks_to_allocate(prefix, new_tokens) > self.pool.num_free:
             return False
-        session = call.session
-        shared = min(session.shared_blocks, prefix.gpu_blocks)
-        hit = self.pool.prefix_blocks(session.kv_group, shared) if shared else []
-        hit += self.pool.prefix_blocks(session.kv_owner, prefix.gpu_blocks - shared)
-        self.pool.touch(hit)
+        hit = self._hit_blocks(call.session, prefix.gpu_blocks)
         computed = (prefix.gpu_blocks + prefix.cpu_blocks) * self.block_size
         fresh = self.pool.allocate(max(self.blocks_for(computed + new_tokens) - len(hit), 0))
         assert fresh is not None
@@ -133,6 +141,14 @@ class KVCache:
         call.num_hashed_blocks = len(hit)
         self.cache_full_blocks(call)
         return True
+
+    def _hit_blocks(self, session: Session, count: int) -> list[int]:
+        """The GPU blocks of the session's first ``count`` cached blocks, referenced."""
+        shared = min(session.shared_blocks, count)
+        hit = self.pool.prefix_blocks(session.kv_group, shared) if shared else []
+        hit += self.pool.prefix_blocks(session.kv_owner, count - shared)
+        self.pool.touch(hit)
+        return hit
 
     def grow(self, call: Call, new_tokens: int) -> bool:
         """Blocks for ``new_tokens`` more tokens of a running call."""
@@ -151,7 +167,11 @@ class KVCache:
         start = call.num_hashed_blocks
         if full <= start:
             return
-        session, blocks = call.session, call.blocks
+        self._name_blocks(call.session, call.blocks, start, full)
+        call.num_hashed_blocks = full
+
+    def _name_blocks(self, session: Session, blocks: list[int], start: int, full: int) -> None:
+        """Name ``blocks[start:full]`` as the session's context blocks at those places."""
         shared = session.shared_blocks
         if start < shared:
             stop = min(full, shared)
@@ -159,7 +179,6 @@ class KVCache:
             start = stop
         if start < full:
             self.pool.cache_run(blocks[start:full], session.kv_owner, start - shared)
-        call.num_hashed_blocks = full
 
     def free(self, call: Call) -> None:
         self.pool.free(call.blocks)
@@ -206,6 +225,51 @@ class KVCache:
         self.pinned_blocks -= len(tail)
         self.pool.free(tail)
 
+    def load_ahead(
+        self, session: Session, now: float, load_done_at: Callable[[int], float]
+    ) -> bool:
+        """Load what the session swapped out back into free GPU blocks, ahead of its
+        next call, and pin its context there (``prefetch``); False (and nothing
+        changed) when it has no pin-free copy to load or the free blocks cannot hold
+        it. The pin is usable when the load is done (``loading``): the copy follows
+        the swap-out still on its way and the loads before it on the host -> GPU link
+        (``load_done_at``, the scheduler's). The CPU copy stays until the next call
+        takes the pin (as a load for the call frees it then): should pressure drop
+        the pin first, the call loads the copy again instead of recomputing.
+
+        Only on free blocks: a prefetch reclaims no pin and preempts nothing (it may
+        evict free cached blocks, as any allocation does)."""
+        session_id = session.session_id
+        if self.cpu is None or session_id in self.pins:
+            return False
+        prefix = self._prefix(session, self.cpu.held(session_id) + self.pool.num_blocks)
+        if not prefix.cpu_blocks:
+            return False
+        if prefix.cpu_blocks + prefix.free_gpu_blocks > self.pool.num_free:
+            return False
+        hit = self._hit_blocks(session, prefix.gpu_blocks)
+        fresh = self.pool.allocate(prefix.cpu_blocks)
+        assert fresh is not None
+        blocks = hit + fresh
+        self._name_blocks(session, blocks, len(hit), len(blocks))
+        ready = max(load_done_at(prefix.cpu_blocks), self.swapped_out_s(session_id))
+        self._loading[session_id] = Loading(now, ready)
+        self._take_pin(
+            Pin(
+                session_id=session_id,
+                block_ids=blocks,
+                tokens=len(blocks) * self.block_size,
+                pinned_s=now,
+                expires_s=None,
+                session_arrival_s=session.arrival_s,
+            )
+        )
+        return True
+
+    def loading(self, session_id: str) -> Loading | None:
+        """The load ahead of the session's pin, until its next call takes the pin."""
+        return self._loading.get(session_id)
+
     def swapped_out_s(self, session_id: str) -> float:
         """When the copies the session swapped out are all in host memory (0: none)."""
         return self._swapped_out_s.get(session_id, 0.0)
@@ -222,14 +286,18 @@ class KVCache:
         """Hold the finished call's full blocks for its session."""
         blocks = call.blocks[: call.num_hashed_blocks]
         self.pool.touch(blocks)
-        pin = Pin(
-            session_id=call.session_id,
-            block_ids=blocks,
-            tokens=len(blocks) * self.block_size,
-            pinned_s=now,
-            expires_s=None if ttl_s is None else now + ttl_s,
-            session_arrival_s=call.session_arrival_s,
+        return self._take_pin(
+            Pin(
+                session_id=call.session_id,
+                block_ids=blocks,
+                tokens=len(blocks) * self.block_size,
+                pinned_s=now,
+                expires_s=None if ttl_s is None else now + ttl_s,
+                session_arrival_s=call.session_arrival_s,
+            )
         )
+
+    def _take_pin(self, pin: Pin) -> Pin:
         self.pins[pin.session_id] = pin
         self.pinned_blocks += pin.blocks
         if self._watch is not None:
@@ -239,6 +307,7 @@ class KVCache:
     def unpin(self, session_id: str, reason: ReleaseReason) -> Pin | None:
         """Give the session's pinned blocks back to the pool (None: it had no pin)."""
         pin = self.pins.pop(session_id, None)
+        self._loading.pop(session_id, None)
         if pin is not None:
             self.pool.free(pin.block_ids)
             self.pinned_blocks -= pin.blocks

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from agentmars.server.policies.interface import EngineHalf
 from agentmars.server.policies.views import EngineView
 from agentmars.server.profiles.cost_model import StepShape, chunk_attention
-from agentmars.server.sim.entities import Call
-from agentmars.server.sim.kv_cache import KVCache
+from agentmars.server.sim.entities import Call, Session
+from agentmars.server.sim.kv_cache import KVCache, Loading
 
 
 @dataclass(slots=True)
@@ -224,7 +224,9 @@ class Scheduler:
         prefix = self.kv.lookup(call)
         pinned = self.kv.pinned_blocks
         computed = (prefix.gpu_blocks + prefix.cpu_blocks) * self.kv.block_size
-        tokens = 0 if prefix.cpu_blocks else min(call.num_tokens - computed, budget)
+        loading = self.kv.loading(call.session_id)
+        loads = prefix.cpu_blocks or (loading is not None and loading.ready_s > now)
+        tokens = 0 if loads else min(call.num_tokens - computed, budget)
         if self.policy.reserve_full_prompt:
             whole = self.kv.blocks_to_allocate(prefix, call.num_tokens - computed)
             if not self._room_for(whole, call) and not self.policy.may_start_partial(
@@ -253,7 +255,22 @@ class Scheduler:
             # NOTE: ours — a load of copies still on their way out follows them (the
             # links are pipelined), so the call is ready when both are done.
             call.ready_s = max(self._load_done_at(prefix.cpu_blocks), swapped_out_s)
+            call.record.load_s += call.ready_s - now
+        if loading is not None and prefix.gpu_blocks:
+            self._count_load_ahead(call, loading, now)
         return tokens
+
+    def _count_load_ahead(self, call: Call, loading: Loading, now: float) -> None:
+        """A call that takes a pin loaded ahead of it waits for what is left of the
+        load; the part done before the call arrived was hidden."""
+        call.ready_s = max(call.ready_s, loading.ready_s)
+        call.record.load_s += loading.ready_s - loading.start_s
+        call.record.load_hidden_s += max(min(loading.ready_s, call.arrival_s) - loading.start_s, 0)
+
+    def load_ahead(self, session: Session, now: float) -> bool:
+        """A policy's ``prefetch``: the session's CPU-tier copy back to the GPU, pinned
+        (``KVCache.load_ahead``), on the link the calls' loads use."""
+        return self.kv.load_ahead(session, now, self._load_done_at)
 
     def _room_for(self, blocks: int, call: Call) -> bool:
         """Whether ``blocks`` free blocks exist, dropping other sessions' pins if needed."""

@@ -178,12 +178,12 @@ def test_pins_are_reclaimed_before_a_running_call_is_preempted() -> None:
     # running call, is preempted.
     a = session("A", turn(48, 2, tool_s=1.0), turn(16, 2))
     b = session("B", turn(64, 40), arrival_s=0.05)
-    record = run("mars", a, b)
+    record = run("mars-paper", a, b)
     assert calls(record, "B")[0].preemptions == 0
     # The pin went: A's next call found less than its 48 pinned tokens.
     assert calls(record, "A")[1].cached_tokens < 48
     # With no pressure the pin would have held them all.
-    alone = run("mars", a)
+    alone = run("mars-paper", a)
     assert calls(alone, "A")[1].cached_tokens == 48
 
 

@@ -25,7 +25,7 @@ from agentmars.server.gateway.app import GatewayConfig, _build_gateway
 from agentmars.server.gateway.events import EventHub
 from agentmars.server.metrics.summary import summarize
 from agentmars.server.policies.mars import Mars
-from agentmars.server.policies.mars.control_plane import MarsControlPlane
+from agentmars.server.policies.mars.control_plane import MarsControlPlane, PaperControlPlane
 from agentmars.server.policies.mars.pack_queue import PackMode, first_fit, pack_mode, pack_queue
 from agentmars.server.policies.mars.settings import MarsSettings
 from agentmars.server.policies.mars.window import (
@@ -417,3 +417,50 @@ def test_on_a_fast_engine_mars_does_not_hold_sessions_the_engine_can_recompute()
         assert latency is not None
         mean[policy] = latency.mean
     assert mean["mars"] < 1.1 * mean["fcfs"], mean
+
+
+# --- this project's additions: the CPU tier's room and the tail guard -----------------------
+
+
+def test_with_a_cpu_tier_the_admitted_kv_may_fill_the_gpu_and_the_tier_together() -> None:
+    queue = [SessionData(f"s{i}", 320) for i in range(8)]  # 20 blocks each
+    tiered = AdmissionData(now=0.0, kv=kv_stats(64, 64, cpu_total_blocks=64))
+    # 128 blocks hold six sessions (120); the paper's MARS counts the GPU's 64 alone:
+    # three (60).
+    assert len(plane().admit(queue, tiered)) == 6
+    assert len(PaperControlPlane(SETTINGS).admit(queue, tiered)) == 3
+    # Without a tier in the engine's figures both count the GPU alone.
+    assert len(plane().admit(queue, gateway(0.0, 64))) == 3
+
+
+def test_the_tail_guard_puts_a_session_waiting_past_its_bound_first() -> None:
+    # The stream: an LLM call of 2 s, a prefill rate of 0.5 ms a token. The bound of
+    # "big" (1,600 tokens) is 10 x (2 + 0.8) = 28 s; of "small" (16), 10 x 2.008.
+    def taught(half: MarsControlPlane) -> MarsControlPlane:
+        half.on_event(LLMFirstToken(session_id="x", call_id="c", ttft_s=0.5))
+        half.on_event(
+            LLMEnd(session_id="x", call_id="c", prompt_tokens=1000, output_tokens=1, duration_s=2.0)
+        )
+        return half
+
+    queue = [SessionData("big", 1600, arrival_s=0.0), SessionData("small", 16, arrival_s=25.0)]
+    room = 256  # both fit: the order is what admission returns
+    assert ids(list(taught(plane()).admit(queue, gateway(20.0, room, room)))) == ["small", "big"]
+    assert ids(list(taught(plane()).admit(queue, gateway(30.0, room, room)))) == ["big", "small"]
+    paper = taught(PaperControlPlane(SETTINGS))
+    assert ids(list(paper.admit(queue, gateway(30.0, room, room)))) == ["small", "big"]
+    # Before any call has ended there is no prediction, and no guard.
+    assert ids(list(plane().admit(queue, gateway(30.0, room, room)))) == ["small", "big"]
+
+
+def test_the_window_holds_no_session_back_while_the_kv_and_the_cores_have_room() -> None:
+    queue = [SessionData("a", 16), SessionData("b", 16)]
+    view = gateway(0.0, 60, active_sessions=1)  # 4 of 64 blocks used
+    guarded, paper = plane(), PaperControlPlane(SETTINGS)
+    for half in (guarded, paper):
+        half.window.raw = 1  # cut by an earlier overload, one session in flight
+        half.window._last_update_s = 0.0  # no AIMD step in this pass
+    assert ids(list(guarded.admit(queue, view))) == ["a", "b"]
+    assert list(paper.admit(queue, view)) == []
+    # Under pressure (tools queue) W_adm binds again.
+    assert list(guarded.admit(queue, gateway(0.0, 60, active_sessions=1, queued_tools=1))) == []

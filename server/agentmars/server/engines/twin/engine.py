@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import heapq
 import itertools
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -54,7 +55,12 @@ from agentmars.sdk.events import (
     LLMSubmit,
 )
 from agentmars.server.metrics.records import CallRecord, SessionRecord
-from agentmars.server.policies.capabilities import Capability, PolicyRefused, refuse_unless
+from agentmars.server.policies.capabilities import (
+    Capability,
+    PolicyRefused,
+    refuse_unless,
+    runs_without,
+)
 from agentmars.server.policies.feed import EventFeed
 from agentmars.server.policies.interface import Pin, Policy, Publish, Release, SessionAction
 from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
@@ -74,6 +80,8 @@ CATCH_UP_S = 0.005
 back to back (ours: a few timer slips; longer is a pause in the work)."""
 IDLE_WAKE_S = 1.0
 """Longest sleep of an idle step loop (ours: a safety net; work wakes it at once)."""
+
+logger = logging.getLogger(__name__)
 
 
 class LiveError(ValueError):
@@ -218,6 +226,9 @@ class LiveEngine(KVEngineView, FollowsTools):
             refuse_unless(policy.name, half.needs, provides, "the wall-clock twin")
         except PolicyRefused as error:
             raise LiveError(str(error)) from None
+        note = runs_without(policy.name, half.uses, provides, "the wall-clock twin")
+        if note is not None:
+            logger.info("%s", note)
         self.profile = profile
         self.policy = policy
         self.cost = CostModel(profile)

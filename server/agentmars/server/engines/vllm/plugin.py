@@ -510,6 +510,9 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
                 self._pause(session_id, action.reason)
             elif action.kind == "resume" and session_id in self._paused:
                 self._resume(session_id)
+            # A ``prefetch`` does nothing here (no Capability.PREFETCH): vLLM's
+            # offloading connector loads a CPU-tier copy only for the request that
+            # asks for it, so the session's next call loads its copy as it comes.
 
     def _label(self, session_id: str, label: Label) -> None:
         if self.cpu_tier is not None:

@@ -28,14 +28,22 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentmars.server.policies.capabilities import Capability, PolicyRefused, refuse_unless
+from agentmars.server.policies.capabilities import (
+    Capability,
+    PolicyRefused,
+    refuse_unless,
+    runs_without,
+)
 from agentmars.server.policies.interface import EngineHalf
 from agentmars.server.policies.registry import make_policy
 from agentmars.server.profiles.cost_model import CostModel, ProfileError, load_profile
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_VLLM = "0.32"
 """The plugin reads private scheduler internals that change between releases
@@ -138,6 +146,9 @@ class PluginConfig:
             if Capability.CPU_TIER in half.needs and not self.cpu_tier:
                 message += f"; on vLLM: {CPU_TIER_HINT}"
             raise PluginConfigError(message) from None
+        note = runs_without(policy.name, half.uses, self.provides(), "the vLLM plugin")
+        if note is not None:
+            logger.warning("%s", note)
         return policy.name, half
 
 

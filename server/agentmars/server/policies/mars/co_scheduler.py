@@ -23,12 +23,26 @@ The prefill time comes from the engine's cost model when it has one
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from agentmars.sdk.events import AnyEvent, SessionEnd
-from agentmars.server.policies.interface import KVDecision, Pin, Release, SessionAction
-from agentmars.server.policies.mars.kv_value import PrefillEstimate, keeping_pays
+from agentmars.sdk.events import AnyEvent, SessionEnd, ToolEnd
+from agentmars.server.policies.interface import (
+    KVDecision,
+    Offload,
+    Pin,
+    Release,
+    SessionAction,
+)
+from agentmars.server.policies.mars.kv_tier import Place, prices
+from agentmars.server.policies.mars.kv_value import PrefillEstimate
 from agentmars.server.policies.mars.settings import MarsSettings
-from agentmars.server.policies.views import CallView, EngineView, PinView, growth_blocks
+from agentmars.server.policies.views import (
+    CallView,
+    EngineView,
+    PinView,
+    growth_blocks,
+    tool_mean_s,
+)
 
 
 def shrink_chunk(tokens: int, fit_tokens: int, block_size: int, *, running: bool) -> int:
@@ -60,12 +74,33 @@ def kv_pressure(view: EngineView, settings: MarsSettings) -> float:
     return min(max((used - settings.pressure_low) / span, 0.0), 1.0)
 
 
+@dataclass(slots=True)
+class Parked:
+    """A session between a call that ended in a tool call and its next call."""
+
+    tool: str | None
+    """The tool its call said it would run."""
+    since_s: float
+    """When the call ended (the tool's start, as the engine sees it)."""
+    blocks: int
+    place: Place
+    """Where its KV is (``Place.DROP``: nowhere; such sessions are not kept)."""
+    tool_done: bool = False
+    """The stream saw its tool end: its next call is due."""
+
+
 class OpportunisticCoScheduler:
-    def __init__(self, settings: MarsSettings) -> None:
+    def __init__(
+        self, settings: MarsSettings, *, tier: bool = False, prefetch: bool = False
+    ) -> None:
         self.settings = settings
+        self.tier = tier
+        """Offload to the engine's CPU tier where that wastes least (``kv_tier``)."""
+        self.prefetch = prefetch
+        """Loads back ahead of need hide the load (``MarsScheduler.load_ahead``)."""
         self.prefill = PrefillEstimate(settings)
-        self._tool_of: dict[str, str | None] = {}
-        """The tool each pinned session's call said it would run."""
+        self.parked: dict[str, Parked] = {}
+        """The sessions whose KV is kept (pinned or in the CPU tier) for their next call."""
         self._partial: CallView | None = None
         """The call started on less than its whole prompt, until it is seen out of it."""
         self._partial_preemptions = 0
@@ -74,7 +109,11 @@ class OpportunisticCoScheduler:
     def on_event(self, event: AnyEvent) -> None:
         self.prefill.observe(event)
         if isinstance(event, SessionEnd):
-            self._tool_of.pop(event.session_id, None)
+            self.parked.pop(event.session_id, None)
+        elif isinstance(event, ToolEnd):
+            parked = self.parked.get(event.session_id)
+            if parked is not None:
+                parked.tool_done = True
 
     def chunk(self, call: CallView, tokens: int, fit_tokens: int, view: EngineView) -> int:
         partial = self._partial
@@ -146,7 +185,7 @@ class OpportunisticCoScheduler:
         rate = self.prefill.seconds_per_token()
         return None if rate is None else rate * tokens
 
-    def worth_pinning(
+    def place(
         self,
         tokens: int,
         blocks: int,
@@ -154,38 +193,60 @@ class OpportunisticCoScheduler:
         elapsed_s: float,
         view: EngineView,
         pressure: float,
-    ) -> bool:
-        share = blocks / view.total_blocks if view.total_blocks else 1.0
-        holding_s = self.remaining_s(tool, elapsed_s, view)
-        return keeping_pays(lambda: self.recompute_s(tokens, view), share, holding_s, pressure)
+    ) -> Place:
+        """Where the KV of a session ``elapsed_s`` into its ``tool`` waits best now."""
+        remaining = self.remaining_s(tool, elapsed_s, view)
+        cost = prices(
+            blocks * view.block_size,
+            remaining,
+            pressure,
+            view,
+            lambda: self.recompute_s(tokens, view),
+            tier=self.tier,
+            prefetch=self.prefetch,
+        )
+        return cost.cheapest()
 
     def remaining_s(self, tool: str | None, elapsed_s: float, view: EngineView) -> float:
-        emas = view.tool_ema_s
-        mean = emas.get(tool) if tool is not None else None
-        if mean is None and emas:
-            mean = sum(emas.values()) / len(emas)
-        return expected_remaining_s(mean, elapsed_s)
+        return expected_remaining_s(tool_mean_s(view, tool), elapsed_s)
 
     def on_call_finished(self, call: CallView, view: EngineView) -> KVDecision:
         if not call.expects_tool:
             return Release()
         blocks = view.blocks_for(call.num_tokens)
         pressure = kv_pressure(view, self.settings)
-        if not self.worth_pinning(call.num_tokens, blocks, call.next_tool, 0.0, view, pressure):
+        place = self.place(call.num_tokens, blocks, call.next_tool, 0.0, view, pressure)
+        if place is Place.DROP:
             return Release()
-        self._tool_of[call.session_id] = call.next_tool
-        return Pin()
+        self.parked[call.session_id] = Parked(call.next_tool, view.now, blocks, place)
+        return Pin() if place is Place.GPU else Offload()
 
     def review(self, pins: Sequence[PinView], view: EngineView) -> list[SessionAction]:
-        """Unpin the sessions whose pin no longer pays, as pressure and time stand."""
+        """Offload or unpin the sessions whose pin no longer pays, as pressure and time
+        stand."""
         actions: list[SessionAction] = []
         if not pins:
             return actions
         pressure = kv_pressure(view, self.settings)  # once: it reads the waiting queue
         for pin in pins:
-            tool = self._tool_of.get(pin.session_id)
-            elapsed = view.now - pin.pinned_s
-            if not self.worth_pinning(pin.tokens, pin.blocks, tool, elapsed, view, pressure):
+            parked = self.parked.get(pin.session_id)
+            if parked is not None and parked.tool_done:
+                continue  # its next call is due: nothing to wait out
+            since = parked.since_s if parked is not None else pin.pinned_s
+            tool = parked.tool if parked is not None else None
+            place = self.place(pin.tokens, pin.blocks, tool, view.now - since, view, pressure)
+            if place is Place.CPU:
+                actions.append(self.offload(pin))
+            elif place is Place.DROP:
                 actions.append(SessionAction("unpin", pin.session_id))
-                self._tool_of.pop(pin.session_id, None)
+                self.parked.pop(pin.session_id, None)
         return actions
+
+    def offload(self, pin: PinView) -> SessionAction:
+        """Send the session's pin to the CPU tier, noting it for a load ahead."""
+        parked = self.parked.get(pin.session_id)
+        if parked is None:
+            parked = Parked(None, pin.pinned_s, pin.blocks, Place.CPU)
+            self.parked[pin.session_id] = parked
+        parked.place, parked.blocks = Place.CPU, pin.blocks
+        return SessionAction("offload", pin.session_id)

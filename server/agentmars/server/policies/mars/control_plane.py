@@ -19,8 +19,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import ClassVar
 
-from agentmars.sdk.events import AnyEvent, LLMEnd, LLMSubmit, SessionEnd, ToolEnd, WindowUpdate
+from agentmars.sdk.events import (
+    AnyEvent,
+    KVStats,
+    LLMEnd,
+    LLMSubmit,
+    SessionEnd,
+    ToolEnd,
+    WindowUpdate,
+)
 from agentmars.sdk.tool_stats import ToolDurations
 from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.interface import AdmissionHalf
@@ -44,6 +53,13 @@ time."""
 
 class MarsControlPlane(AdmissionHalf):
     needs = frozenset({Capability.KV_FIGURES, Capability.TOOL_FIGURES})
+    tail_guard: ClassVar[bool] = True
+    """No session waits past ``tail_guard_factor`` times its predicted service
+    (``overdue_first``), and W_adm holds no session back while the KV and the tool
+    cores have room (``update_window``)."""
+    tier: ClassVar[bool] = True
+    """The engine half keeps parked sessions' KV in the engine's CPU tier where that
+    pays: the admitted KV may fill the GPU and the tier together (``resident_blocks``)."""
 
     def __init__(self, settings: MarsSettings) -> None:
         self.settings = settings
@@ -152,12 +168,12 @@ class MarsControlPlane(AdmissionHalf):
     def pressure(self, view: AdmissionView) -> Pressure:
         """KV usage is the larger of what the running calls hold now (pins yield
         before any preemption, so they do not count) and the admitted sessions'
-        resident KV (``resident_blocks``)."""
+        resident KV against what holds it (``capacity_blocks``)."""
         kv = view.kv
         usage = None
         if kv is not None and kv.total_blocks:
             held = (kv.used_blocks - kv.pinned_blocks) / kv.total_blocks
-            usage = max(held, self.resident_blocks(view) / kv.total_blocks)
+            usage = max(held, self.resident_blocks(view) / self.capacity_blocks(kv))
         return Pressure(self.cpu_overloaded(view), usage)
 
     def resident_blocks(self, view: AdmissionView) -> int:
@@ -179,12 +195,22 @@ class MarsControlPlane(AdmissionHalf):
             return self.working_set
         return self.working_set - self.parked_blocks
 
+    def capacity_blocks(self, kv: KVStats) -> int:
+        """What holds the admitted sessions' KV: the GPU pool, and with ``tier`` the
+        engine's CPU tier too, where the engine half sends parked contexts and
+        preempted calls. NOTE: ours — a context evicted to the tier comes back by a
+        transfer, not a recompute, so filling both is not thrashing. A limit on the
+        KV of the sessions not parked against the GPU alone, tried beside it, held
+        back short-context sessions the engine had room to queue (ILR-1 at 0.4/s,
+        H100: 77.1 s mean against 73.6 s; docs/mars.md)."""
+        return kv.total_blocks + (kv.cpu_total_blocks if self.tier else 0)
+
     def available_blocks(self, view: AdmissionView) -> int | None:
-        """The pool less the admitted sessions' resident KV (None: no figures)."""
+        """The capacity less the admitted sessions' resident KV (None: no figures)."""
         kv = view.kv
         if kv is None:
             return None
-        return max(kv.total_blocks - self.resident_blocks(view), 0)
+        return max(self.capacity_blocks(kv) - self.resident_blocks(view), 0)
 
     # --- BalanceAndAdmit ------------------------------------------------------------------
 
@@ -214,8 +240,37 @@ class MarsControlPlane(AdmissionHalf):
         long_blocks = total * self.settings.long_session_fraction if total else math.inf
         mode = pack_mode(blocks, cpu_overloaded=pressure.cpu_overloaded, long_blocks=long_blocks)
         packed = pack_queue(queue, blocks, mode, self.available_blocks(view))
+        if self.tail_guard:
+            packed = self.overdue_first(packed, view)
         by_id = {session.session_id: need for session, need in zip(queue, blocks, strict=True)}
         return packed, [by_id[session.session_id] for session in packed]
+
+    def overdue_first(self, packed: list[SessionView], view: AdmissionView) -> list[SessionView]:
+        """The tail guard: sessions that have waited past ``tail_guard_factor`` times
+        their predicted service go first, the longest waiting first; the rest keep
+        PackQueue's order. A session's predicted service is its first call: the
+        stream's mean LLM call and the prefill of its prompt at the stream's prefill
+        rate (None until a call has ended: no guard).
+
+        NOTE: ours — aging, not a virtual-time rule like Justitia's: PackQueue's
+        order (small first) is what makes MARS's mean, and aging leaves it alone
+        until a session's wait is out of proportion to its work, which is where the
+        P95 comes from (the largest sessions waited longest, docs/results/mars.md)."""
+        llm = self._durations.ema_s.get("llm")
+        if llm is None:
+            return packed
+        rate = self._keeping.prefill.seconds_per_token() or 0.0
+        factor = self.settings.tail_guard_factor
+
+        def overdue_for(session: SessionView) -> float:
+            bound = factor * (llm + rate * session.prompt_tokens)
+            return view.now - session.arrival_s - bound
+
+        late = sorted((s for s in packed if overdue_for(s) > 0), key=lambda s: s.arrival_s)
+        if not late:
+            return packed
+        ahead = {session.session_id for session in late}
+        return late + [session for session in packed if session.session_id not in ahead]
 
     def update_window(
         self, view: AdmissionView, pressure: Pressure, packed_blocks: list[int], waiting: bool
@@ -230,7 +285,11 @@ class MarsControlPlane(AdmissionHalf):
         )
         share = soft_cap_share(pressure.kv_usage, self.settings)
         w_kv = kv_limit(active, packed_blocks, self.available_blocks(view), share)
-        self.limit = min(self.window.raw, w_cpu, w_kv)
+        room = not pressure.cpu_overloaded and (
+            pressure.kv_usage is None or pressure.kv_usage < self.settings.kv_slack_usage
+        )
+        raw = math.inf if self.tail_guard and room else self.window.raw
+        self.limit = min(raw, w_cpu, w_kv)
         if updated or self.published is None:
             self._publish_window(view, pressure, w_cpu, w_kv)
         return self.limit
@@ -260,3 +319,22 @@ class MarsControlPlane(AdmissionHalf):
 
     def tool_priority(self, session_id: str) -> int:
         return tool_rank(self._footprint.get(session_id, 0), self._cpu_overloaded)
+
+
+class PaperControlPlane(MarsControlPlane):
+    """Seed 000's admission half: no tail guard, and the GPU alone holds the KV."""
+
+    tail_guard = False
+    tier = False
+
+
+class NoTierControlPlane(MarsControlPlane):
+    """The tail guard without a tier to count."""
+
+    tier = False
+
+
+class NoTailGuardControlPlane(MarsControlPlane):
+    """A tier to count without the tail guard."""
+
+    tail_guard = False

@@ -53,16 +53,16 @@ class KeepingRegime:
     counted too much on fast engines, where recomputing is cheap (docs/mars.md)."""
 
     def __init__(self, settings: MarsSettings) -> None:
-        self._prefill = PrefillEstimate(settings)
+        self.prefill = PrefillEstimate(settings)
         self._tools: deque[float] = deque(maxlen=settings.regime_tool_samples)
 
     def observe(self, event: AnyEvent) -> None:
-        self._prefill.observe(event)
+        self.prefill.observe(event)
         if isinstance(event, ToolEnd):
             self._tools.append(event.duration_s)
 
     def keeping_pays(self, pool_tokens: int) -> bool:
-        rate = self._prefill.seconds_per_token()
+        rate = self.prefill.seconds_per_token()
         if rate is None or not self._tools:
             return True
         return keeping_pays(lambda: rate * pool_tokens, 1.0, statistics.fmean(self._tools), 1.0)

@@ -73,6 +73,12 @@ class MarsSettings:
     the KV pool (ours: eight such sessions fill it); a queue of only long sessions is
     packed first-fit against the available KV."""
 
+    tail_guard_factor: float = 10.0
+    """The tail guard (not in seed 000; ``mars-paper`` has none): a queued session
+    whose wait passes this many times its predicted service (its first call) goes
+    ahead of PackQueue's order. Ours: an order of magnitude, so PackQueue's order
+    stands for every session but those whose wait is out of proportion."""
+
     # --- Priority-Aware Coordinator (windowed MLFQ) ---------------------------------------
     levels: int = 6
     """MLFQ levels (FastServe and Autellix use 5-7)."""
