@@ -24,7 +24,9 @@ times from the engine's costs.
   the blocks stay in the GPU prefix cache, free: the next call finds them there
   unless the pool needed them, and only then loads them back. So the one waste is
   that load, priced as the drop is, and only under pressure. Only while the tier
-  has room for the whole context.
+  has room for the whole context. The half cannot tell whether its engine loads
+  ahead (``Capability.PREFETCH``): on one that does not (the vLLM plugin), a
+  "hidden" load is one the next call waits for, a transfer's time.
 
 Ties go to offloading (it keeps a copy in both places), then keeping.
 """
