@@ -12,6 +12,7 @@ import pytest
 from agentmars.sandbox.config import SandboxConfig, allowed_cores
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sandbox.spec import ExecSpec, SandboxError, UnknownSession
+from agentmars.sandbox.threads import in_thread
 from agentmars.sdk.emitter import Emitter
 from agentmars.sdk.events import ToolEnd, ToolEnqueue, ToolStart, ToolStats
 from agentmars.sdk.sinks.memory import MemorySink
@@ -229,7 +230,7 @@ async def test_in_process_calls_are_admitted_pinned_and_reported_like_commands(
     assert (await blocker).status == "ok"
     assert await in_process == {CORES[-1]}
     # The worker thread got its affinity back.
-    assert await asyncio.to_thread(affinity) == os.sched_getaffinity(0)
+    assert await in_thread(affinity) == os.sched_getaffinity(0)
     mine = [e for e in events.events if getattr(e, "call_id", None) == "edit"]
     assert [type(e) for e in mine] == [ToolEnqueue, ToolStart, ToolEnd]
     assert all(e.tool == "file_editor" and e.turn == 3 for e in mine)  # type: ignore[attr-defined]

@@ -35,6 +35,7 @@ from agentmars.sandbox.spec import (
     UnknownSession,
     check_session_id,
 )
+from agentmars.sandbox.threads import in_thread
 from agentmars.sandbox.tracing import PoolTracing, ToolSpan
 from agentmars.sandbox.workspaces import WorkspaceError, Workspaces, resolve_cwd
 from agentmars.sdk.emitter import Emitter, default_emitter
@@ -131,11 +132,11 @@ class SandboxPool:
     async def start(self) -> Self:
         if self._started:
             return self
-        self.warnings = await asyncio.to_thread(self._workspaces.start)
+        self.warnings = await in_thread(self._workspaces.start)
         try:
             self.warnings += await self.backend.start(self.config, self.slots)
         except BaseException:
-            await asyncio.to_thread(self._workspaces.close)
+            await in_thread(self._workspaces.close)
             raise
         for warning in self.warnings:
             log.warning("sandbox: %s", warning)
@@ -158,7 +159,7 @@ class SandboxPool:
 
     async def _stop_backend(self) -> None:
         await self.backend.close()
-        await asyncio.to_thread(self._workspaces.close)
+        await in_thread(self._workspaces.close)
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -206,7 +207,7 @@ class SandboxPool:
             await self._end_calls(session_id)
             await self.backend.release_session(session_id)
             remove = self._workspaces.remove if remove_workspace else self._workspaces.release
-            await asyncio.to_thread(remove, session_id)
+            await in_thread(remove, session_id)
             del self._sessions[session_id]
         finally:
             self._closing_sessions.discard(session_id)
@@ -286,7 +287,7 @@ class SandboxPool:
         async def execute(slot: Slot, cancel: asyncio.Event) -> ExecResult:
             started = time.monotonic()
             try:
-                returned.append(await asyncio.to_thread(_pinned, slot.cores, function))
+                returned.append(await in_thread(_pinned, slot.cores, function))
             except Exception as exc:
                 raised.append(exc)
             await self.backend.adopt(job.workspace)

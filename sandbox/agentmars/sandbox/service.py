@@ -54,6 +54,7 @@ from agentmars.sandbox.spec import (
     UnicodeModel,
     UnknownSession,
 )
+from agentmars.sandbox.threads import in_thread
 from agentmars.sandbox.tracing import SERVICE_NAME, PoolTracing
 from agentmars.sandbox.workspaces import WorkspaceError
 from agentmars.sdk.auth import bearer_matches, check_token
@@ -245,7 +246,7 @@ def create_sandbox_app(
 
     @app.post("/v1/sessions", status_code=201)
     async def open_session(body: OpenSession) -> dict[str, str]:
-        workspace = await asyncio.to_thread(pool.open_session, body.session_id)
+        workspace = await in_thread(pool.open_session, body.session_id)
         return {"session_id": body.session_id, "workspace": str(workspace)}
 
     @app.delete("/v1/sessions/{session_id}", status_code=204)

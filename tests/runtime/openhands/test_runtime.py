@@ -12,6 +12,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +250,33 @@ async def test_tool_spans_join_the_trace_of_the_conversation(
 
 def scope_of(span: ReadableSpan) -> str | None:
     return span.instrumentation_scope.name if span.instrumentation_scope else None
+
+
+async def test_sixteen_conversations_at_once_on_the_default_executor_all_finish(
+    pool: tuple[SandboxPool, MemorySink],
+) -> None:
+    """Issue 40: conversations run with asyncio.to_thread fill the loop's default
+    executor (6 threads on 2 cores) and wait on the pool from there; the pool's own
+    work (workspaces, the in-process file editor) must not need that executor. Sized
+    here as on 2 cores, whatever this host has."""
+    sandbox, events = pool
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=6))
+    conversations = [uuid.uuid4() for _ in range(16)]
+
+    async def converse(conversation_id: uuid.UUID) -> list[ObservationEvent]:
+        path = sandbox.config.workspace_root / str(conversation_id) / "a.txt"
+        llm = _script(
+            ("file_editor", {"command": "create", "path": str(path), "file_text": "x\n"}),
+            ("terminal", {"command": "echo done"}),
+        )  # fmt: skip
+        return await _converse(sandbox, llm, conversation_id)
+
+    ran = await asyncio.wait_for(asyncio.gather(*map(converse, conversations)), timeout=240)
+
+    assert [[e.tool_name for e in observations] for observations in ran] == [
+        ["file_editor", "terminal"]
+    ] * 16
+    ends = [e for e in events.events if isinstance(e, SessionEnd)]
+    assert sorted(e.session_id for e in ends) == sorted(map(str, conversations))
+    assert {e.status for e in ends} == {"ok"}
+    assert sandbox.sessions == []

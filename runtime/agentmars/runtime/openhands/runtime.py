@@ -36,6 +36,7 @@ from agentmars.runtime.openhands.markers import SessionMarkers
 from agentmars.runtime.openhands.tools import bind, sandboxed_specs, session_of, unbind
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sandbox.spec import SandboxError
+from agentmars.sandbox.threads import in_thread
 from agentmars.sdk.events import SessionEnd
 
 API_KEY = "agentmars"
@@ -80,7 +81,7 @@ class AgentmarsRuntime:
             )
         conversation_id = conversation_id or uuid.uuid4()
         session_id = session_id or str(conversation_id)
-        workspace = self._call(self._open(session_id))
+        workspace = self._call(in_thread(self.pool.open_session, session_id))
         started = time.monotonic()
         conversation: LocalConversation | None = None
         try:
@@ -123,9 +124,6 @@ class AgentmarsRuntime:
         )
         served.reset_metrics()
         return served
-
-    async def _open(self, session_id: str) -> Path:
-        return await asyncio.to_thread(self.pool.open_session, session_id)
 
     def _call(self, work: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()

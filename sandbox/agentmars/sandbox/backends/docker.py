@@ -49,6 +49,7 @@ from agentmars.sandbox.backends.base import Job, OutputCallback, Slot, Stream
 from agentmars.sandbox.backends.output import CappedOutput, deliver
 from agentmars.sandbox.config import SandboxConfig
 from agentmars.sandbox.spec import ExecResult, ExecStatus, SandboxError
+from agentmars.sandbox.threads import in_thread
 from agentmars.sandbox.workspaces import resolve_cwd
 
 log = logging.getLogger("agentmars.sandbox.docker")
@@ -356,9 +357,9 @@ class DockerBackend:
     async def start(self, config: SandboxConfig, slots: list[Slot]) -> list[str]:
         _sdk()
         pool_size = 2 * len(slots) + 4  # one hijacked connection per running exec, plus calls
-        self._client = self._given_client or await asyncio.to_thread(connect, pool_size)
-        info = await asyncio.to_thread(self._engine_info)
-        await asyncio.to_thread(ensure_image, self._client, config.docker_image)
+        self._client = self._given_client or await in_thread(connect, pool_size)
+        info = await in_thread(self._engine_info)
+        await in_thread(ensure_image, self._client, config.docker_image)
         self._config = config
         self._rootless = any("rootless" in o for o in info.get("SecurityOptions") or [])
         # Output readers block for a command's whole run: they get threads of their own
@@ -405,7 +406,7 @@ class DockerBackend:
         if self._io is not None:
             self._io.shutdown(wait=False, cancel_futures=True)
         if self._given_client is None:
-            await asyncio.to_thread(self._client.close)
+            await in_thread(self._client.close)
 
     async def _remove_everything(self) -> None:
         """Remove every container this backend knows of or finds by its pool label."""
@@ -439,7 +440,7 @@ class DockerBackend:
     async def _remove(self, container_id: str) -> None:
         """Remove a container and its anonymous volumes, killing what runs in it."""
         try:
-            await asyncio.to_thread(self._api.remove_container, container_id, v=True, force=True)
+            await in_thread(self._api.remove_container, container_id, v=True, force=True)
         except _sdk().errors.NotFound:
             pass
         except _sdk().errors.DockerException as exc:
@@ -512,7 +513,7 @@ class DockerBackend:
             self._config, slot, job.session_id, job.workspace, self.pool_id, user=keeper_user(user)
         )
         name = f"agentmars-{self.pool_id}-{slot.index}-{uuid.uuid4().hex[:8]}"
-        container_id = await asyncio.to_thread(self._start_container, name, options)
+        container_id = await in_thread(self._start_container, name, options)
         return _Container(container_id, job.session_id, job.workspace, user, cpuset(slot.cores))
 
     def _start_container(self, name: str, options: dict[str, Any]) -> str:
@@ -534,7 +535,7 @@ class DockerBackend:
     async def _call(self, what: str, function: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """An engine call in a thread; its failure as a SandboxError saying what failed."""
         try:
-            return await asyncio.to_thread(function, *args, **kw)
+            return await in_thread(function, *args, **kw)
         except _sdk().errors.DockerException as exc:
             raise SandboxError(f"docker backend: could not {what}: {exc}") from exc
 
@@ -586,7 +587,7 @@ class DockerBackend:
         """Start the command; None if the container is gone."""
         has_stdin = job.spec.stdin is not None
         try:
-            created = await asyncio.to_thread(
+            created = await in_thread(
                 self._api.exec_create,
                 box.id,
                 job.spec.command,
@@ -596,7 +597,7 @@ class DockerBackend:
                 user=box.user,
             )
             exec_id = str(created["Id"])
-            sock = await asyncio.to_thread(self._api.exec_start, exec_id, socket=True)
+            sock = await in_thread(self._api.exec_start, exec_id, socket=True)
         except _sdk().errors.DockerException as exc:
             if _is_gone(exc):
                 return None
@@ -647,7 +648,7 @@ class DockerBackend:
         delay = 0.002
         while True:
             try:
-                info = await asyncio.to_thread(self._api.exec_inspect, exec_id)
+                info = await in_thread(self._api.exec_inspect, exec_id)
             except _sdk().errors.DockerException:
                 return None  # the container (and with it the exec) is gone
             if not info.get("Running"):
@@ -670,7 +671,7 @@ class DockerBackend:
         """True when nothing of the command's user runs any more in the container."""
         errors = _sdk().errors
         try:
-            code = await asyncio.to_thread(self._exec_quietly, box, KILL_ALL)
+            code = await in_thread(self._exec_quietly, box, KILL_ALL)
         except errors.DockerException as exc:
             if _is_gone(exc):
                 return True  # no container, no processes
@@ -709,7 +710,7 @@ class DockerBackend:
     async def _why_no_exit(self, box: _Container) -> str:
         """Why a command has no exit status: usually its container died under it."""
         try:
-            state = (await asyncio.to_thread(self._api.inspect_container, box.id))["State"]
+            state = (await in_thread(self._api.inspect_container, box.id))["State"]
         except _sdk().errors.NotFound:
             await self._discard(box)
             return "its container was removed while the command ran"

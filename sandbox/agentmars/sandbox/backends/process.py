@@ -100,6 +100,7 @@ from agentmars.sandbox.spec import (
     ExecStatus,
     SandboxError,
 )
+from agentmars.sandbox.threads import in_thread
 from agentmars.sandbox.workspaces import resolve_cwd, within
 
 log = logging.getLogger(__name__)
@@ -429,7 +430,7 @@ class ProcessBackend:
     async def start(self, config: SandboxConfig, slots: list[Slot]) -> list[str]:
         self._readonly_resolved = [path.resolve() for path in config.readonly_paths]
         check_workspaces_hidden(config.workspace_root.resolve(), self._readonly_resolved)
-        init = await asyncio.to_thread(sandbox_init.ensure_built, self._compiler)
+        init = await in_thread(sandbox_init.ensure_built, self._compiler)
         self._init, self._init_fd = str(init), os.open(init, os.O_RDONLY | os.O_CLOEXEC)
         self._config = config
         self._readonly_argv, self._mount_points = _readonly_mounts(config.readonly_paths)
@@ -447,7 +448,7 @@ class ProcessBackend:
     async def _load_seccomp(self) -> list[str]:
         """The seccomp filter, built if need be; without it, a warning."""
         try:
-            self._seccomp = await asyncio.to_thread(seccomp.ensure_filter, self._compiler)
+            self._seccomp = await in_thread(seccomp.ensure_filter, self._compiler)
         except SandboxError as exc:
             return [
                 f"no seccomp filter ({exc}): jobs can use the kernel keyring, which every "
@@ -561,7 +562,7 @@ class ProcessBackend:
         assert self._init is not None
         try:
             for slot in slots:
-                self._netns[slot.index] = await asyncio.to_thread(netns.create, self._init)
+                self._netns[slot.index] = await in_thread(netns.create, self._init)
         except SandboxError as exc:
             self._close_netns()
             log.warning("process sandbox: no network namespaces per slot (%s): one per job", exc)
@@ -590,7 +591,7 @@ class ProcessBackend:
         if cancel.is_set() or self._closing.is_set():
             return self._result(slot, "cancelled", None, "cancelled before it started")
         if self._isolation == "drop" and workspace.stat().st_uid != SANDBOX_UID:
-            await asyncio.to_thread(hand_over, workspace, SANDBOX_UID)
+            await in_thread(hand_over, workspace, SANDBOX_UID)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._running.add(done)
         try:
@@ -825,7 +826,7 @@ class ProcessBackend:
         namespace down) and every process in the slot's cgroups; then wait for it."""
         process.kill()
         if group is not None:
-            await asyncio.to_thread(group.kill_all, KILL_TIMEOUT_S)
+            await in_thread(group.kill_all, KILL_TIMEOUT_S)
         try:
             await asyncio.wait_for(asyncio.shield(process.exited), KILL_TIMEOUT_S)
         except TimeoutError:
@@ -843,7 +844,7 @@ class ProcessBackend:
         sandbox they die with its pid 1); returns how many survived SIGKILL."""
         if group is None or group.is_empty():
             return 0
-        await asyncio.to_thread(group.kill_all, KILL_TIMEOUT_S)
+        await in_thread(group.kill_all, KILL_TIMEOUT_S)
         return len(group.pids())
 
     @staticmethod
@@ -915,7 +916,7 @@ class ProcessBackend:
         """Jobs run as another uid: files the host's process made (root's, often
         0600) are handed to it, the whole tree, as before a workspace's first job."""
         if self._isolation == "drop":
-            await asyncio.to_thread(hand_over, workspace, SANDBOX_UID)
+            await in_thread(hand_over, workspace, SANDBOX_UID)
 
     async def release_session(self, session_id: str) -> None:
         """Nothing to drop: this backend keeps no state per session."""
@@ -927,7 +928,7 @@ class ProcessBackend:
         if self._running:
             await asyncio.wait(set(self._running), timeout=KILL_TIMEOUT_S * 2)
         if self._cgroups is not None:
-            await asyncio.to_thread(self._cgroups.close)
+            await in_thread(self._cgroups.close)
             self._cgroups = None
         self._groups.clear()
         self._close_netns()
