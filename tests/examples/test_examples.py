@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import subprocess
@@ -82,25 +83,64 @@ def test_an_agent_loop_records_its_session(twin: Twin, script: str, tmp_path: Pa
     assert twin.engine_calls() - calls_before == counts["llm_end"]
 
 
-def test_openhands_dropin_runs_a_conversation_as_one_session(twin: Twin, tmp_path: Path) -> None:
-    events_path = tmp_path / "e.jsonl"
-    env = {**os.environ, "AGENTMARS_GATEWAY_TOKEN": twin.token}
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "openhands_dropin.py"), "--base-url", twin.base + "/v1",
-         "--events", str(events_path), "--max-turns", "6"],
-        capture_output=True, text=True, timeout=120, check=False, env=env,
+def _gateway_counts(twin: Twin) -> dict[str, float]:
+    """The gateway's tool calls (by tool) and sessions seen ended, from its metrics."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(twin.base + "/metrics").text):
+        for sample in family.samples:
+            if sample.name == "agentmars_tool_duration_seconds_count":
+                counts[sample.labels["tool"]] = sample.value
+            elif sample.name == "agentmars_session_duration_seconds_count":
+                counts["sessions"] = sample.value
+    return counts
+
+
+def test_openhands_on_agentmars_differs_from_plain_openhands_by_the_import(
+    twin: Twin, tmp_path: Path
+) -> None:
+    """Issue 40: at most three lines. The two programs are docs/openhands.md's, and each
+    runs to its end: the plain one with OpenHands' own tools in its directory, the
+    drop-in with its session's calls through the gateway and its tools in the sandbox,
+    their events at the gateway."""
+    plain = (EXAMPLES / "openhands_plain.py").read_text()
+    dropin = (EXAMPLES / "openhands_dropin.py").read_text()
+    changed = [
+        line
+        for line in difflib.unified_diff(plain.splitlines(), dropin.splitlines(), n=0)
+        if line[:1] in "+-" and line[:3] not in ("+++", "---")
+    ]
+    assert changed == [
+        "-from openhands.sdk import LLM, Agent, Conversation, Tool",
+        "+from openhands.sdk import LLM, Agent, Tool",
+        "+",
+        "+from agentmars.runtime.openhands import Conversation",
+    ]
+    doc = (EXAMPLES.parent / "docs" / "openhands.md").read_text()
+    assert f"```python\n{plain}```" in doc and f"```python\n{dropin}```" in doc
+
+    env = {**os.environ, "LLM_BASE_URL": twin.base + "/v1"}
+    (tmp_path / "plain").mkdir()
+    ran = subprocess.run(
+        [sys.executable, str(EXAMPLES / "openhands_plain.py")],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path / "plain",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    conversation = done.stdout.split()[1].rstrip(":")
-    assert done.stdout.split()[2] == "finished", done.stdout
-    events = decode_jsonl(events_path.read_text()).events
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip().endswith("All done: finished"), ran.stdout
+
+    before = _gateway_counts(twin)
+    env = {**os.environ, "AGENTMARS_GATEWAY_URL": twin.base, "AGENTMARS_GATEWAY_TOKEN": twin.token}
+    env.pop("LLM_BASE_URL", None)  # the runtime points the agent's LLM at the gateway
+    (tmp_path / "dropin").mkdir()
+    ran = subprocess.run(
+        [sys.executable, str(EXAMPLES / "openhands_dropin.py")],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path / "dropin",
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip().endswith("All done: finished"), ran.stdout
+    after = _gateway_counts(twin)
     # The twin calls "terminal" for a session's first three calls, then "finish".
-    tool_ends = [e for e in events if isinstance(e, ToolEnd)]
-    assert [e.tool for e in tool_ends] == ["terminal"] * 3
-    assert [e.turn for e in tool_ends] == [0, 1, 2]
-    assert {getattr(e, "session_id", conversation) for e in events} == {conversation}
-    assert isinstance(events[-1], SessionEnd) and events[-1].status == "ok"
-    assert events[-1].turns == 4
+    assert after.get("terminal", 0) - before.get("terminal", 0) == 3
+    assert after["sessions"] - before.get("sessions", 0) == 1
 
 
 def test_otel_export_prints_the_session_call_and_tool_spans(twin: Twin) -> None:

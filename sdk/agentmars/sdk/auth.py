@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import hmac
 
+GATEWAY_TOKEN_ENV = "AGENTMARS_GATEWAY_TOKEN"
+"""The gateway's token for its event and control endpoints, for the gateway and the
+clients that post to it."""
+
 UNAUTHORISED = "missing or invalid bearer token: send 'Authorization: Bearer <token>'"
 
 

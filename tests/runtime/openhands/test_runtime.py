@@ -280,3 +280,50 @@ async def test_sixteen_conversations_at_once_on_the_default_executor_all_finish(
     assert sorted(e.session_id for e in ends) == sorted(map(str, conversations))
     assert {e.status for e in ends} == {"ok"}
     assert sandbox.sessions == []
+
+
+async def test_a_workspace_goes_into_the_sandbox_and_what_the_agent_wrote_comes_back(
+    pool: tuple[SandboxPool, MemorySink], tmp_path: Path
+) -> None:
+    """``runtime.Conversation(agent=..., workspace=...)``, OpenHands' own call: the
+    folder's files are copied in, the agent's are copied back when it closes, links
+    as links (one made in the sandbox may point anywhere)."""
+    sandbox, events = pool
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README").write_text("the project\n")
+    conversation_id = uuid.uuid4()
+    new = sandbox.config.workspace_root / str(conversation_id) / "new.txt"
+    llm = _script(
+        ("terminal", {"command": "cat README > copy.txt; ln -s /etc/hostname link"}),
+        ("file_editor", {"command": "create", "path": str(new), "file_text": "new\n"}),
+    )  # fmt: skip
+    runtime = AgentmarsRuntime("http://127.0.0.1:9", pool=sandbox)
+
+    def run() -> str:
+        conversation = runtime.Conversation(
+            Agent(llm=llm, tools=TOOLS),
+            workspace=project,
+            conversation_id=conversation_id,
+            visualizer=None,
+        )
+        conversation.send_message("work")
+        conversation.run()
+        conversation.close()
+        return conversation.state.execution_status.value
+
+    assert await asyncio.to_thread(run) == "finished"
+    assert (project / "copy.txt").read_text() == "the project\n"
+    assert (project / "new.txt").read_text() == "new\n"
+    assert (project / "link").is_symlink()
+    assert sandbox.sessions == []
+    (end,) = [e for e in events.events if isinstance(e, SessionEnd)]
+    assert end.session_id == str(conversation_id) and end.status == "ok"
+
+
+def test_without_a_pool_the_runtime_needs_the_gateways_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("AGENTMARS_GATEWAY_TOKEN", raising=False)
+    with pytest.raises(ValueError, match=r"\$AGENTMARS_GATEWAY_TOKEN"):
+        AgentmarsRuntime("http://127.0.0.1:9")

@@ -20,44 +20,100 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from openhands.sdk import LLM, Agent, Conversation, LocalConversation
+from openhands.sdk import LLM, Agent, LocalConversation
 from openhands.sdk.conversation.state import ConversationExecutionStatus
 from pydantic import SecretStr
 
 from agentmars.runtime.openhands.binding import SandboxSession
+from agentmars.runtime.openhands.hosted import HostedPool
 from agentmars.runtime.openhands.markers import SessionMarkers
 from agentmars.runtime.openhands.tools import bind, sandboxed_specs, session_of, unbind
+from agentmars.sandbox.config import SandboxConfig
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sandbox.spec import SandboxError
 from agentmars.sandbox.threads import in_thread
+from agentmars.sdk.auth import GATEWAY_TOKEN_ENV as TOKEN_ENV
 from agentmars.sdk.events import SessionEnd
 
+GATEWAY_ENV = "AGENTMARS_GATEWAY_URL"
+DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+"""``agentmars serve``'s own default."""
 API_KEY = "agentmars"
 """Sent when the agent's LLM has no key: the gateway's LLM routes need none, LiteLLM's
 OpenAI provider needs one."""
 
 
 class AgentmarsRuntime:
-    """Make it inside the event loop that runs ``pool``; run conversations in other
-    threads (``await asyncio.to_thread(conversation.run)``)."""
+    """Conversations of OpenHands agents served by agentmars.
 
-    def __init__(self, gateway: str, pool: SandboxPool) -> None:
-        self.gateway = gateway.rstrip("/")
-        self.pool = pool
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            raise RuntimeError(
-                "make AgentmarsRuntime inside the event loop that runs its SandboxPool "
-                "(in `async with SandboxPool(...) as pool:`)"
-            ) from None
+    - ``AgentmarsRuntime()``: the runtime starts its own sandbox pool, on an event loop
+      of its own, its events posted to the gateway (``gateway``, else
+      ``$AGENTMARS_GATEWAY_URL``, else serve's default) with the gateway's token
+      (``token``, else ``$AGENTMARS_GATEWAY_TOKEN``). For synchronous programs: the
+      drop-in.
+    - ``AgentmarsRuntime(gateway, pool)``: conversations on a pool the caller started;
+      make it inside the event loop that runs ``pool`` and run conversations in other
+      threads (``await asyncio.to_thread(conversation.run)``).
+    """
+
+    def __init__(
+        self,
+        gateway: str | None = None,
+        pool: SandboxPool | None = None,
+        *,
+        token: str | None = None,
+        sandbox: SandboxConfig | None = None,
+    ) -> None:
+        self.gateway = (gateway or os.environ.get(GATEWAY_ENV) or DEFAULT_GATEWAY).rstrip("/")
+        self._open: dict[str, LocalConversation] = {}
+        self._hosted: HostedPool | None = None
+        if pool is not None:
+            self.pool = pool
+            try:
+                self._loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise RuntimeError(
+                    "make AgentmarsRuntime(gateway, pool) inside the event loop that runs "
+                    "its SandboxPool (in `async with SandboxPool(...) as pool:`), or "
+                    "AgentmarsRuntime() to let it start its own"
+                ) from None
+            return
+        token = token or os.environ.get(TOKEN_ENV)
+        if not token:
+            raise ValueError(
+                f"the gateway's event endpoint needs its token: give token= or set "
+                f"${TOKEN_ENV} (`agentmars serve` prints the one it made)"
+            )
+        self._hosted = HostedPool(
+            self.gateway, token, sandbox or SandboxConfig(), self._close_open
+        ).start()
+        self.pool, self._loop = self._hosted.pool, self._hosted.loop
+
+    def Conversation(
+        self,
+        agent: Agent,
+        *,
+        workspace: str | Path | None = None,
+        conversation_id: uuid.UUID | None = None,
+        callbacks: Sequence[Any] = (),
+        **options: Any,
+    ) -> LocalConversation:
+        """OpenHands' ``Conversation(agent=..., workspace=...)`` on agentmars. The agent
+        works in its sandbox session's workspace: ``workspace``'s files are copied in
+        first, and what the agent wrote is copied back when the conversation closes
+        (``close()``, or the program's exit); files it deleted stay."""
+        folder = None if workspace is None else Path(workspace)
+        return self._start(agent, folder, folder, conversation_id, None, callbacks, options)
 
     @contextlib.contextmanager
     def conversation(
@@ -70,20 +126,52 @@ class AgentmarsRuntime:
         callbacks: Sequence[Any] = (),
         **options: Any,
     ) -> Iterator[LocalConversation]:
-        """An OpenHands conversation of ``agent`` on agentmars; ``files`` are copied
-        into its workspace first; ``session_id`` names its session (default: the
-        conversation id; a replayed workload's own names); ``options`` go to
-        ``Conversation``."""
+        """An OpenHands conversation of ``agent`` on agentmars, closed at the block's
+        end; ``files`` are copied into its workspace first (nothing is copied back);
+        ``session_id`` names its session (default: the conversation id; a replayed
+        workload's own names); ``options`` go to ``Conversation``."""
         if "workspace" in options:
             raise ValueError(
                 "the conversation works in its sandbox session's workspace: give files= "
-                "to copy a folder into it, not workspace="
+                "to copy a folder into it, not workspace= (or runtime.Conversation(agent, "
+                "workspace=...), which copies what the agent wrote back)"
             )
+        conversation = self._start(
+            agent, files, None, conversation_id, session_id, callbacks, options
+        )
+        try:
+            yield conversation
+        finally:
+            conversation.close()
+
+    def close(self) -> None:
+        """Close the conversations still open, then the pool the runtime started (a
+        given pool is its owner's to close)."""
+        if self._hosted is not None:
+            self._hosted.close()
+        else:
+            self._close_open()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start(
+        self,
+        agent: Agent,
+        files: Path | None,
+        copy_back: Path | None,
+        conversation_id: uuid.UUID | None,
+        session_id: str | None,
+        callbacks: Sequence[Any],
+        options: dict[str, Any],
+    ) -> LocalConversation:
         conversation_id = conversation_id or uuid.uuid4()
         session_id = session_id or str(conversation_id)
         workspace = self._call(in_thread(self.pool.open_session, session_id))
-        started = time.monotonic()
-        conversation: LocalConversation | None = None
+        ending = _Ending(str(conversation_id), session_id, workspace, copy_back)
         try:
             if files is not None:
                 shutil.copytree(files, workspace, dirs_exist_ok=True)
@@ -94,18 +182,23 @@ class AgentmarsRuntime:
                 SandboxSession(self.pool, self._loop, session_id, workspace, markers),
             )
             served = agent.model_copy(update={"llm": llm, "tools": sandboxed_specs(agent.tools)})
-            made = Conversation(
+            conversation = _ServedConversation(
                 agent=served,
                 workspace=str(workspace),
                 conversation_id=conversation_id,
                 callbacks=[markers.on_event, *callbacks],
                 **options,
             )
-            assert isinstance(made, LocalConversation)
-            conversation = made
-            yield conversation
-        finally:
-            self._close(str(conversation_id), session_id, conversation, started)
+        except BaseException:
+            self._end(ending, None)
+            raise
+        conversation.on_close = lambda: self._end(ending, conversation)
+        self._open[ending.conversation_id] = conversation
+        return conversation
+
+    def _close_open(self) -> None:
+        for conversation in list(self._open.values()):
+            conversation.close()
 
     def markers(self, conversation: LocalConversation) -> SessionMarkers:
         """The markers of a conversation made here (to say which tool comes next)."""
@@ -128,13 +221,9 @@ class AgentmarsRuntime:
     def _call(self, work: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
-    def _close(
-        self,
-        conversation_id: str,
-        session_id: str,
-        conversation: LocalConversation | None,
-        started: float,
-    ) -> None:
+    def _end(self, ending: _Ending, conversation: LocalConversation | None) -> None:
+        """The conversation's end on agentmars: its files copied back (if asked), its
+        sandbox session closed and ``session_end`` sent."""
         status, turns = "error", 0
         error: str | None = "the conversation could not start"
         if conversation is not None:
@@ -142,17 +231,63 @@ class AgentmarsRuntime:
             status = "ok" if state == ConversationExecutionStatus.FINISHED else "error"
             error = None if status == "ok" else f"the conversation ended {state.value}"
             turns = self.markers(conversation).turn
-            conversation.close()
-        unbind(conversation_id)
+        self._open.pop(ending.conversation_id, None)
+        unbind(ending.conversation_id)
+        if ending.copy_back is not None:
+            # Links copied as links: one made in the sandbox may point anywhere.
+            shutil.copytree(ending.workspace, ending.copy_back, symlinks=True, dirs_exist_ok=True)
         # One that cannot be closed is unmounted when the pool closes.
         with contextlib.suppress(SandboxError):
-            self._call(self.pool.close_session(session_id))
+            self._call(self.pool.close_session(ending.session_id))
         self.pool.emitter.emit(
             SessionEnd(
-                session_id=session_id,
+                session_id=ending.session_id,
                 status=status,
                 error=error,
                 turns=turns,
-                duration_s=time.monotonic() - started,
+                duration_s=time.monotonic() - ending.started,
             )
         )
+
+
+_DEFAULT: list[AgentmarsRuntime] = []
+_DEFAULT_LOCK = threading.Lock()
+
+
+def Conversation(  # named as the OpenHands factory it stands in for
+    agent: Agent, *, workspace: str | Path | None = None, **options: Any
+) -> LocalConversation:
+    """OpenHands' ``Conversation`` on agentmars, the drop-in: import it from here instead
+    of ``openhands.sdk``. Conversations share one ``AgentmarsRuntime()``, started at
+    the first (the gateway from ``$AGENTMARS_GATEWAY_URL`` and
+    ``$AGENTMARS_GATEWAY_TOKEN``) and closed when the program exits."""
+    with _DEFAULT_LOCK:
+        if not _DEFAULT:
+            _DEFAULT.append(AgentmarsRuntime())
+    return _DEFAULT[0].Conversation(agent, workspace=workspace, **options)
+
+
+@dataclass
+class _Ending:
+    """What ending a conversation needs."""
+
+    conversation_id: str
+    session_id: str
+    workspace: Path
+    copy_back: Path | None
+    started: float = field(default_factory=time.monotonic)
+
+
+class _ServedConversation(LocalConversation):
+    """OpenHands' local conversation that ends its agentmars session when it closes
+    (``close()``, ``with`` or OpenHands' own exit hook)."""
+
+    on_close: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            end, self.on_close = self.on_close, None
+            if end is not None:
+                end()

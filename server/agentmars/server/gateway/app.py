@@ -35,6 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from agentmars.sdk.auth import GATEWAY_TOKEN_ENV
 from agentmars.sdk.events import MAX_COUNT, AnyEvent, SessionEnd, SessionMove
 from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard, guarded_server
 from agentmars.sdk.integrations.request import TOOL_PRIORITY_HEADER
@@ -615,7 +616,7 @@ def run_gateway(app: FastAPI, listener: socket.socket) -> None:
     server.run(sockets=[listener])
 
 
-TOKEN_ENV = "AGENTMARS_GATEWAY_TOKEN"
+TOKEN_ENV = GATEWAY_TOKEN_ENV
 
 
 def main(argv: Sequence[str] | None = None) -> None:
