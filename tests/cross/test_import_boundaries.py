@@ -24,9 +24,9 @@ HEAVY = [
 def _loaded_after(statement: str) -> dict[str, object]:
     probe = (
         "import sys, time, json\n"
-        "t = time.perf_counter()\n"
+        "t = time.process_time()\n"
         f"{statement}\n"
-        "took = time.perf_counter() - t\n"
+        "took = time.process_time() - t\n"
         f"heavy = {HEAVY!r}\n"
         "print(json.dumps({'took': took, 'loaded': [m for m in heavy if m in sys.modules]}))\n"
     )
@@ -56,7 +56,8 @@ def test_part_loads_only_what_it_needs(statement: str, allowed: set[str]) -> Non
 
 
 def test_sdk_import_is_fast() -> None:
-    # A budget, not a benchmark: the SDK sits in every agent process.
+    # A budget, not a benchmark: the SDK sits in every agent process. In CPU time, which
+    # other work on the host does not stretch as it does the wall clock.
     assert _loaded_after("import agentmars.sdk")["took"] < 1.0
 
 

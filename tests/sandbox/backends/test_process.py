@@ -124,10 +124,6 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-def process_count() -> int:
-    return sum(entry.isdigit() for entry in os.listdir("/proc"))
-
-
 def children_of_this_process() -> list[int]:
     children = []
     for entry in os.listdir("/proc"):
@@ -601,7 +597,6 @@ async def test_fork_bomb_is_stopped_by_the_pids_limit(
 ) -> None:
     backend, _ = await start_backend(pids_limit=64)
     tag = marker()
-    baseline = process_count()
     started = time.monotonic()
     # Every process forks forever (a bash `:(){ :|:& };:` bomb would end at once: its
     # first shell returns, and the sandbox's pid 1 takes the namespace down with it).
@@ -617,8 +612,8 @@ async def test_fork_bomb_is_stopped_by_the_pids_limit(
     assert result.status == "timeout"
     assert time.monotonic() - started < 3 + 3
     assert "fork(s) refused" in (result.detail or "")
+    # Every fork runs the bomb's command line, so none is left that lacks the tag.
     assert processes_with(tag) == []
-    assert process_count() <= baseline + 5
 
 
 @needs_cgroups
