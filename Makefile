@@ -44,19 +44,13 @@ lint: env
 typecheck: env
 	$(BIN)/mypy $(MYPY_CORE)
 
-# Two workers, each running a test module (and its module fixtures) whole: half the
-# suite's time is spent waiting on servers, vLLM starts and tools, so two at once take
-# about 40% less than one on 2 cores.
-TEST_WORKERS ?= 2
-
 # The real-engine tests (marked slow) run on the vLLM CPU environment, the OpenHands
 # application's test on its own (openhands-ai 1.11 on openhands-sdk 1.34), and the Ray
 # Serve router's on the Ray env, each built and cached by its script on the first run
 # (a few minutes), reused after.
 pytest: env
 	py=$$(scripts/vllm-env.sh) && oh=$$(scripts/openhands-env.sh) && ray=$$(scripts/ray-env.sh) && \
-	  AGENTMARS_VLLM_PYTHON=$$py AGENTMARS_OPENHANDS_PYTHON=$$oh AGENTMARS_RAY_PYTHON=$$ray \
-	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope
+	  AGENTMARS_VLLM_PYTHON=$$py AGENTMARS_OPENHANDS_PYTHON=$$oh AGENTMARS_RAY_PYTHON=$$ray $(BIN)/pytest
 
 test: lint typecheck pytest
 
