@@ -95,6 +95,20 @@ def _gateway_counts(twin: Twin) -> dict[str, float]:
     return counts
 
 
+def _runs_to_its_end(program: str, env: dict[str, str], tmp_path: Path) -> None:
+    """An OpenHands program run in a folder of its own, with ``env`` over this one's
+    (its LLM_BASE_URL left out unless given); its conversation must finish."""
+    folder = tmp_path / program
+    folder.mkdir()
+    ran = subprocess.run(
+        [sys.executable, str(EXAMPLES / program)],
+        capture_output=True, text=True, timeout=120, cwd=folder,
+        env={**{k: v for k, v in os.environ.items() if k != "LLM_BASE_URL"}, **env},
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip().endswith("All done: finished"), ran.stdout
+
+
 def test_openhands_on_agentmars_differs_from_plain_openhands_by_the_import(
     twin: Twin, tmp_path: Path
 ) -> None:
@@ -118,25 +132,11 @@ def test_openhands_on_agentmars_differs_from_plain_openhands_by_the_import(
     doc = (EXAMPLES.parent / "docs" / "openhands.md").read_text()
     assert f"```python\n{plain}```" in doc and f"```python\n{dropin}```" in doc
 
-    env = {**os.environ, "LLM_BASE_URL": twin.base + "/v1"}
-    (tmp_path / "plain").mkdir()
-    ran = subprocess.run(
-        [sys.executable, str(EXAMPLES / "openhands_plain.py")],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path / "plain",
-    )  # fmt: skip
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.strip().endswith("All done: finished"), ran.stdout
-
+    _runs_to_its_end("openhands_plain.py", {"LLM_BASE_URL": twin.base + "/v1"}, tmp_path)
     before = _gateway_counts(twin)
-    env = {**os.environ, "AGENTMARS_GATEWAY_URL": twin.base, "AGENTMARS_GATEWAY_TOKEN": twin.token}
-    env.pop("LLM_BASE_URL", None)  # the runtime points the agent's LLM at the gateway
-    (tmp_path / "dropin").mkdir()
-    ran = subprocess.run(
-        [sys.executable, str(EXAMPLES / "openhands_dropin.py")],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path / "dropin",
-    )  # fmt: skip
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.strip().endswith("All done: finished"), ran.stdout
+    # No LLM_BASE_URL: the runtime points the agent's LLM at the gateway.
+    gateway = {"AGENTMARS_GATEWAY_URL": twin.base, "AGENTMARS_GATEWAY_TOKEN": twin.token}
+    _runs_to_its_end("openhands_dropin.py", gateway, tmp_path)
     after = _gateway_counts(twin)
     # The twin calls "terminal" for a session's first three calls, then "finish".
     assert after.get("terminal", 0) - before.get("terminal", 0) == 3
