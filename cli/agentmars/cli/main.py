@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from agentmars.sdk.auth import GATEWAY_TOKEN_ENV
+
 DEFAULT_TOKEN_FILE = Path.home() / ".cache" / "agentmars" / "sandbox.token"
 
 app = typer.Typer(
@@ -1015,7 +1017,7 @@ def serve(
     paced to the wall clock (--profile), no GPU needed."""
     import os
 
-    token = _gateway_token(os.environ.get("AGENTMARS_GATEWAY_TOKEN", ""), host)
+    token = _gateway_token(os.environ.get(GATEWAY_TOKEN_ENV, ""), host)
     listener = _listen(host, port, "the gateway")
     if engine is Engine.sim:
         vllm_only = [name for name, value in (("--model", model), ("--vllm-python", vllm_python),

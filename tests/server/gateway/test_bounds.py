@@ -16,9 +16,10 @@ import httpx
 import psutil
 import pytest
 
+from agentmars.sdk.auth import GATEWAY_TOKEN_ENV as TOKEN_ENV
 from agentmars.sdk.events import LLMEnd, LLMSubmit, SessionStart, ToolStats
 from agentmars.sdk.http_guard import HEADER_TIMEOUT_S
-from agentmars.server.gateway.app import MAX_BODY_BYTES, TOKEN_ENV
+from agentmars.server.gateway.app import MAX_BODY_BYTES
 from agentmars.server.gateway.call_meta import call_metadata
 from agentmars.server.gateway.events import (
     MAX_STREAMS,

@@ -42,7 +42,7 @@ from agentmars.sandbox.config import SandboxConfig
 from agentmars.sandbox.pool import SandboxPool
 from agentmars.sandbox.spec import SandboxError
 from agentmars.sandbox.threads import in_thread
-from agentmars.sdk.auth import GATEWAY_TOKEN_ENV as TOKEN_ENV
+from agentmars.sdk.auth import GATEWAY_TOKEN_ENV
 from agentmars.sdk.events import SessionEnd
 
 GATEWAY_ENV = "AGENTMARS_GATEWAY_URL"
@@ -88,11 +88,11 @@ class AgentmarsRuntime:
                     "AgentmarsRuntime() to let it start its own"
                 ) from None
             return
-        token = token or os.environ.get(TOKEN_ENV)
+        token = token or os.environ.get(GATEWAY_TOKEN_ENV)
         if not token:
             raise ValueError(
                 f"the gateway's event endpoint needs its token: give token= or set "
-                f"${TOKEN_ENV} (`agentmars serve` prints the one it made)"
+                f"${GATEWAY_TOKEN_ENV} (`agentmars serve` prints the one it made)"
             )
         self._hosted = HostedPool(
             self.gateway, token, sandbox or SandboxConfig(), self._close_open

@@ -616,9 +616,6 @@ def run_gateway(app: FastAPI, listener: socket.socket) -> None:
     server.run(sockets=[listener])
 
 
-TOKEN_ENV = GATEWAY_TOKEN_ENV
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m agentmars.server.gateway.app``: a gateway process. The token comes
     from the environment, not the command line, where ``ps`` shows it."""
@@ -645,9 +642,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--model-name", default="", help="the served model's name on /metrics (the engine's)"
     )
     args = parser.parse_args(argv)
-    token = os.environ.get(TOKEN_ENV, "")
+    token = os.environ.get(GATEWAY_TOKEN_ENV, "")
     if not token:
-        parser.error(f"set {TOKEN_ENV} to the token event senders must present")
+        parser.error(f"set {GATEWAY_TOKEN_ENV} to the token event senders must present")
     if args.block_size < 1:
         parser.error("--block-size must be positive")
     config = GatewayConfig(
