@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agentmars.sdk.auth import GATEWAY_TOKEN_ENV as TOKEN_ENV
 from agentmars.sdk.events import (
     LLMEnd,
     LLMFirstToken,
@@ -21,7 +22,6 @@ from agentmars.sdk.events import (
     decode_event,
     encode_jsonl,
 )
-from agentmars.server.gateway.app import TOKEN_ENV
 from agentmars.server.gateway.call_meta import call_metadata
 from agentmars.server.gateway.events import CallRecorder
 from agentmars.server.gateway.llm_apis import TextCompletions

@@ -19,6 +19,7 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from agentmars.sdk.auth import GATEWAY_TOKEN_ENV as TOKEN_ENV
 from agentmars.sdk.events import (
     AnyEvent,
     Event,
@@ -37,7 +38,7 @@ from agentmars.sdk.events import (
 )
 from agentmars.server.engines.vllm.hints import HintInbox
 from agentmars.server.engines.vllm.kv_status import KVStatusPublisher
-from agentmars.server.gateway.app import TOKEN_ENV, GatewayConfig, create_gateway_app
+from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
 from agentmars.server.policies.capabilities import PolicyRefused
 from agentmars.server.policies.interface import AdmissionHalf, Policy
 from agentmars.server.policies.registry import register

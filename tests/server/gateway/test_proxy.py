@@ -16,9 +16,10 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
+from agentmars.sdk.auth import GATEWAY_TOKEN_ENV as TOKEN_ENV
 from agentmars.sdk.events import LLMEnd
 from agentmars.server.engines.scripted.app import create_scripted_llm_app
-from agentmars.server.gateway.app import TOKEN_ENV, GatewayConfig, create_gateway_app
+from agentmars.server.gateway.app import GatewayConfig, create_gateway_app
 from agentmars.server.policies.interface import AdmissionHalf, Policy
 from agentmars.server.web.serving import free_loopback_port, serve_in_subprocess, serve_in_thread
 from tests.server.gateway.conftest import MODEL, TOKEN, Engine, Gateway, GatewayFactory
