@@ -44,13 +44,18 @@ lint: env
 typecheck: env
 	$(BIN)/mypy $(MYPY_CORE)
 
+# Two workers (pytest-xdist): the modules that start vLLM on one, in turn, every other
+# module on the other meanwhile (tests/conftest.py's scheduler).
+TEST_WORKERS ?= 2
+
 # The real-engine tests (marked slow) run on the vLLM CPU environment, the OpenHands
 # application's test on its own (openhands-ai 1.11 on openhands-sdk 1.34), and the Ray
 # Serve router's on the Ray env, each built and cached by its script on the first run
 # (a few minutes), reused after.
 pytest: env
 	py=$$(scripts/vllm-env.sh) && oh=$$(scripts/openhands-env.sh) && ray=$$(scripts/ray-env.sh) && \
-	  AGENTMARS_VLLM_PYTHON=$$py AGENTMARS_OPENHANDS_PYTHON=$$oh AGENTMARS_RAY_PYTHON=$$ray $(BIN)/pytest
+	  AGENTMARS_VLLM_PYTHON=$$py AGENTMARS_OPENHANDS_PYTHON=$$oh AGENTMARS_RAY_PYTHON=$$ray \
+	  $(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder
 
 test: lint typecheck pytest
 

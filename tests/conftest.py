@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.resources import Resource
@@ -32,3 +34,39 @@ def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     yield provider
     provider.shutdown()
+
+
+TESTS = Path(__file__).parent
+VLLM_MODULES = frozenset(
+    path.relative_to(TESTS.parent).as_posix()
+    for path in TESTS.rglob("test_*.py")
+    if "vllm_python" in path.read_text()
+)
+"""The test modules that start vLLM: those that take the ``vllm_python`` fixture."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that start vLLM first (``VllmApart`` gives them to one worker)."""
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in VLLM_MODULES)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "load":  # -n's default; another --dist is kept
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class VllmApart(LoadScopeScheduling):  # type: ignore[misc]
+        """How ``make test``'s two workers share the suite: the modules that start
+        vLLM, most of its time, run one after another on one worker, first; every
+        other module runs whole on the other worker meanwhile. Two vLLM modules at
+        once would share core 0 (the servers' ``--cores``) and miss their deadlines;
+        a module whole keeps its module fixtures set up once. (xdist's own
+        ``loadgroup`` marks do not group under pytest 9.2: it renames ``_nodeid``,
+        which pytest no longer reads.)"""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return "vllm" if module in VLLM_MODULES else module
+
+    return VllmApart(config, log)
