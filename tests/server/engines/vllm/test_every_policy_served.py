@@ -1,17 +1,23 @@
-"""Every registered policy through ``agentmars serve --profile cpu-tiny`` (vLLM CPU with
-the agentmars plugin, the gateway in front, linked by the side channel): it serves a
-small multi-session workload, and nothing fails later; none is refused (docs/policies.md
-"Which policy runs where"; ``tests/cross/test_policy_contract.py`` does the same on the
-simulator and the twin). A policy whose engine half needs or uses a CPU KV tier gets
-one: ``agentmars serve`` starts vLLM with the agentmars CPU tier, as large as the GPU's
-KV (docs/vllm-plugin.md "The CPU KV tier").
+"""Every registered policy on vLLM: each on the plugin's scheduler (vLLM's own V1
+``Scheduler``, built in-process as ``bench_schedule`` builds it, over a queue that does
+not fit the KV cache), and one policy of each capability profile through ``agentmars
+serve --profile cpu-tiny`` (vLLM CPU with the agentmars plugin, the gateway in front,
+linked by the side channel): it serves a small multi-session workload, and nothing
+fails later; none is refused (docs/policies.md "Which policy runs where";
+``tests/cross/test_policy_contract.py`` does the same on the simulator and the twin).
+A policy whose engine half needs or uses a CPU KV tier gets one: ``agentmars serve``
+starts vLLM with the agentmars CPU tier, as large as the GPU's KV (docs/vllm-plugin.md
+"The CPU KV tier").
 
-``agentmars serve`` checks the plugin's refusal before it starts vLLM; each policy
-costs one vLLM start (with ``--vllm-arg=--enforce-eager``: the scheduler, and so the
-plugin, are the same)."""
+A capability profile is what an engine half needs and uses (``Capability``): what the
+plugin does for it beyond the policy's own code, which the scheduler-level run covers
+for every policy. ``agentmars serve`` checks the plugin's refusal before it starts
+vLLM; each policy served costs one vLLM start (about 50 s of one core here, with
+``--vllm-arg=--enforce-eager``: the scheduler, and so the plugin, are the same)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -55,6 +61,26 @@ PRESSED = frozenset({Capability.CPU_TIER, Capability.PAUSE})
 PROFILE = "cpu-tiny"
 REGISTERED = [name for name in policy_names() if policy_class(name).__module__ in POLICY_MODULES]
 """The registered policies (the test policies that test modules register left out)."""
+
+
+def _capabilities(name: str) -> tuple[frozenset[Capability], frozenset[Capability]]:
+    half = make_policy(name).engine()
+    return frozenset(half.needs), frozenset(half.uses)
+
+
+def _one_of_each_profile() -> list[str]:
+    """MARS (the default), then the first registered policy of each other capability
+    profile."""
+    chosen = {_capabilities("mars"): "mars"}
+    for name in REGISTERED:
+        chosen.setdefault(_capabilities(name), name)
+    return sorted(chosen.values())
+
+
+SERVED = _one_of_each_profile()
+NEEDS_A_TIER = [name for name in REGISTERED if Capability.CPU_TIER in _capabilities(name)[0]]
+"""Refused at the scheduler level, which has no CPU tier (``bench_schedule``); each is
+served below (its profile is its own)."""
 ENGINE_URL = re.compile(r"engine (http://127\.0\.0\.1:\d+)")
 
 
@@ -123,8 +149,8 @@ class Starts:
 
     def take(self, name: str) -> Served:
         if name not in self.started:
-            index = REGISTERED.index(name)
-            for core, other in enumerate(REGISTERED[index : index + 2]):
+            index = SERVED.index(name)
+            for core, other in enumerate(SERVED[index : index + 2]):
                 folder = self.root / other
                 self.started[other] = _start(other, self.vllm_python, folder, core)
         return self.started.pop(name)
@@ -192,8 +218,40 @@ def _agent(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", REGISTERED)
-def test_every_policy_serves_behind_the_gateway(
+def test_every_policy_runs_on_the_plugins_scheduler(vllm_python: Path, tmp_path: Path) -> None:
+    """Each policy with the ``cpu-tiny`` costs, as stock vLLM does: 8 sessions of 3
+    turns (contexts up to 1,680 tokens: 105 blocks) in 160 KV blocks, so calls wait,
+    pins are dropped and calls are preempted. Every call finishes with the tokens
+    stock vLLM gives it."""
+    out = tmp_path / "figures.json"
+    policies = [name for name in REGISTERED if name not in NEEDS_A_TIER]
+    done = subprocess.run(
+        [
+            str(vllm_python), "-m", "agentmars.server.engines.vllm.bench_schedule",
+            "--sessions", "8", "--turns", "3", "--reps", "1", "--kv-blocks", "160",
+            "--profile", PROFILE, "--policies", ",".join(policies), "--json", str(out),
+        ],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert set(figures["schedulers"]) == {"stock", *policies}
+    assert figures["same_tokens"] is True
+    for name, row in figures["schedulers"].items():
+        assert row["calls_finished"] == 24, name
+    assert sum(row["preemptions_per_run"] for row in figures["schedulers"].values()) > 0
+
+
+def test_one_policy_of_each_capability_profile_is_served() -> None:
+    profiles = {_capabilities(name) for name in REGISTERED}
+    assert {_capabilities(name) for name in SERVED} == profiles
+    assert len(SERVED) == len(profiles) and "mars" in SERVED
+    assert set(NEEDS_A_TIER) <= set(SERVED) and NEEDS_A_TIER
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SERVED)
+def test_each_capability_profile_serves_behind_the_gateway(
     name: str, serve: Served, vllm_python: Path
 ) -> None:
     half = make_policy(name).engine()

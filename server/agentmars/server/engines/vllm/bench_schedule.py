@@ -42,12 +42,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentmars.sdk.events import SessionEnd
+
 PLUGIN_POLICIES = ("fcfs", "continuum", "mars")
 """The policies the plugin runs in the benchmark by default (stock vLLM is the
 baseline; ``--policies`` names others, e.g. MARS's ablations)."""
 STOCK = "stock"
-MAX_IDLE_STEPS = 100
-"""Steps in a row that schedule nothing before a run is declared stuck."""
+MAX_IDLE_S = 30.0
+"""Seconds (of the host's clock) of steps that schedule nothing before a run is
+declared stuck."""
+IDLE_WAIT_S = 0.005
+"""How long the driver waits after a step that scheduled nothing, as vLLM's engine loop
+waits for work: a pausing policy resumes its sessions from its ``tick``, which the
+plugin's ticker runs meanwhile (ThunderAgent's every ``check_interval_s``)."""
 VOCAB = 500
 """Token ids are drawn below this (the tiny model's vocabulary has 512)."""
 
@@ -152,6 +159,9 @@ class SchedulerShape:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
+    profile: str | None = None
+    """A cost profile for the plugin (``AGENTMARS_PROFILE``), which policies that need
+    costs must have; None: none (MARS then runs without its cost estimates)."""
 
 
 @dataclass
@@ -203,11 +213,17 @@ class PrefixLookups:
 # --- the real vLLM scheduler (imports vLLM) ------------------------------------------
 
 
-def plugin_environment(policy: str, hints_address: str) -> dict[str, str]:
+def plugin_environment(
+    policy: str, hints_address: str, profile: str | None = None
+) -> dict[str, str]:
     """The plugin's environment here: the policy, with the side channel agentmars serve
-    gives it (Continuum needs its tool figures; nothing is sent on it), no cost profile
-    and no CPU tier."""
-    return {"AGENTMARS_POLICY": policy, "AGENTMARS_HINTS_ADDR": hints_address}
+    gives it (Continuum needs its tool figures; nothing is sent on it), the cost
+    profile if one is named (``--profile``: for policies that need costs), and no CPU
+    tier."""
+    env = {"AGENTMARS_POLICY": policy, "AGENTMARS_HINTS_ADDR": hints_address}
+    if profile is not None:
+        env["AGENTMARS_PROFILE"] = profile
+    return env
 
 
 @functools.cache
@@ -249,7 +265,8 @@ def make_scheduler(name: str, model: Path, shape: SchedulerShape) -> Any:
         cls: Any = Scheduler
     else:
         # The plugin reads its policy from the engine's environment (plugin_config).
-        os.environ.update(plugin_environment(name, f"ipc://{_sockets().name}/hints"))
+        os.environ.pop("AGENTMARS_PROFILE", None)
+        os.environ.update(plugin_environment(name, f"ipc://{_sockets().name}/hints", shape.profile))
         from agentmars.server.engines.vllm.plugin import AgentmarsScheduler
 
         cls = AgentmarsScheduler
@@ -325,14 +342,18 @@ def drive(scheduler: Any, name: str, sessions: list[list[CallSpec]], block_size:
 
     for s in next_turn:
         submit(s)
-    idle = 0
+    idle_since: float | None = None
     while live:
         started = time.perf_counter_ns()
         output = scheduler.schedule()
         result.schedule_ns.append(time.perf_counter_ns() - started)
-        idle = 0 if output.total_num_scheduled_tokens else idle + 1
-        if idle > MAX_IDLE_STEPS:
-            raise RuntimeError(f"{name}: {len(live)} calls left and none is scheduled")
+        if output.total_num_scheduled_tokens:
+            idle_since = None
+        else:
+            idle_since = idle_since or time.perf_counter()
+            if time.perf_counter() - idle_since > MAX_IDLE_S:
+                raise RuntimeError(f"{name}: {len(live)} calls left and none is scheduled")
+            time.sleep(IDLE_WAIT_S)
         runner_output = synthetic_output(output, live)
         started = time.perf_counter_ns()
         scheduler.update_from_output(output, runner_output)
@@ -346,6 +367,11 @@ def drive(scheduler: Any, name: str, sessions: list[list[CallSpec]], block_size:
             next_turn[s] += 1
             if next_turn[s] < len(sessions[s]):
                 submit(s)
+            elif name != STOCK:
+                # As the gateway says when an agent is done: the plugin drops the
+                # session's pin (a policy that pins every session until it ends, as
+                # ThunderAgent does, would otherwise hold the KV of ended ones).
+                scheduler.take_event(SessionEnd(session_id=sessions[s][0].session_id))
     scheduler.shutdown()
     return result
 
@@ -588,9 +614,10 @@ def count(
     return runs
 
 
-def policy_list(text: str) -> tuple[str, ...]:
+def policy_list(text: str, profile: str | None = None) -> tuple[str, ...]:
     """``--policies``: registered names, each once, that the plugin runs as
-    ``make_scheduler`` configures it (ValueError: which is not, and why)."""
+    ``make_scheduler`` configures it, with cost ``profile`` (ValueError: which is not,
+    and why)."""
     from agentmars.server.engines.vllm.plugin_config import PluginConfig
     from agentmars.server.policies.registry import policy_class
 
@@ -604,8 +631,9 @@ def policy_list(text: str) -> tuple[str, ...]:
             raise ValueError(f"--policies: {STOCK!r} is stock vLLM, which always runs")
         policy_class(name)  # UnknownPolicy is a ValueError
         # Refused: PluginConfigError, a ValueError. The address is only named, not bound.
-        config = PluginConfig.from_env(plugin_environment(name, "ipc://bench-schedule"))
+        config = PluginConfig.from_env(plugin_environment(name, "ipc://bench-schedule", profile))
         config.make_engine_half()
+        config.costs()  # a profile that does not load
     return names
 
 
@@ -629,6 +657,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the plugin's policies, comma-separated (stock vLLM always runs)",
     )
     parser.add_argument(
+        "--profile",
+        help="a cost profile for the plugin (a registered name or a JSON file), which "
+        "policies that need costs must have",
+    )
+    parser.add_argument(
         "--count-with",
         type=Path,
         metavar="TOGGLE_LIB",
@@ -640,10 +673,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--count-with: no library at {args.count_with}")
     try:
         queue = QueueShape(sessions=args.sessions, turns=args.turns, seed=args.seed)
-        engine = SchedulerShape(kv_blocks=args.kv_blocks)
+        engine = SchedulerShape(kv_blocks=args.kv_blocks, profile=args.profile)
         if args.reps < 1:
             raise ValueError("--reps must be at least 1")
-        policies = policy_list(args.policies)
+        policies = policy_list(args.policies, args.profile)
     except ValueError as error:
         parser.error(str(error))
     try:

@@ -563,6 +563,12 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
             self._waiting_order.joined(request)
         self._publish(SessionResume(session_id=session_id, source="engine"))
 
+    def take_event(self, event: AnyEvent) -> None:
+        """An event of the stream handed in directly, as the side channel brings one
+        (the schedule bench's driver ends its sessions so, in step with its steps)."""
+        with self._lock:
+            self.feed(event)
+
     def _take_hints(self) -> None:
         """The gateway's events since the last step, each boundary once."""
         if self._hints is None:
