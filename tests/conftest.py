@@ -43,12 +43,33 @@ VLLM_MODULES = frozenset(
     if "vllm_python" in path.read_text()
 )
 """The test modules that start vLLM: those that take the ``vllm_python`` fixture."""
+LATE_VLLM_MODULES = frozenset(
+    f"tests/server/engines/vllm/{name}.py"
+    for name in (
+        "test_every_policy_served",  # each server on vllm_core(), with long deadlines
+        # vLLM's scheduler in a subprocess, no server and no deadline but the test's:
+        "test_bench_schedule",
+        "test_prefix_lookup",
+        "test_pause_running",
+        "test_pins",
+        "test_cpu_tier_order",
+    )
+)
+"""Of those, the ones the second worker runs after every module without vLLM, while
+the first worker still runs the others (on cores 1 and 0: ``vllm_core``)."""
+
+
+def _scope(module: str) -> str:
+    if module in LATE_VLLM_MODULES:
+        return "vllm-late"
+    return "vllm" if module in VLLM_MODULES else module
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules that start vLLM first (``VllmApart`` gives them to one worker)."""
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in VLLM_MODULES)
+    """The modules that start vLLM first, the late ones last (``VllmApart``)."""
+    rank = {"vllm": 0, "vllm-late": 2}
+    items.sort(key=lambda item: rank.get(_scope(item.nodeid.split("::")[0]), 1))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -58,15 +79,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class VllmApart(LoadScopeScheduling):  # type: ignore[misc]
         """How ``make test``'s two workers share the suite: the modules that start
-        vLLM, most of its time, run one after another on one worker, first; every
-        other module runs whole on the other worker meanwhile. Two vLLM modules at
-        once would share core 0 (the servers' ``--cores``) and miss their deadlines;
-        a module whole keeps its module fixtures set up once. (xdist's own
+        vLLM, most of its time, run one after another on one worker, from the start;
+        every other module runs whole on the other worker meanwhile, and then the late
+        vLLM modules, on the other core. Two vLLM servers on one core would miss their
+        deadlines; a module whole keeps its module fixtures set up once. (xdist's own
         ``loadgroup`` marks do not group under pytest 9.2: it renames ``_nodeid``,
         which pytest no longer reads.)"""
 
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::")[0]
-            return "vllm" if module in VLLM_MODULES else module
+            return _scope(nodeid.split("::")[0])
 
     return VllmApart(config, log)
+assert LATE_VLLM_MODULES <= VLLM_MODULES, sorted(LATE_VLLM_MODULES - VLLM_MODULES)

@@ -99,6 +99,13 @@ def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 30.0
 # --- vLLM and the gateway linked by the side channel ---------------------------------
 
 
+def vllm_core() -> str:
+    """The core this test process's vLLM servers keep to: 0, or 1 on ``make test``'s
+    second worker (gw1), which runs the vLLM modules tests/conftest.py puts last while
+    the first worker's run on core 0."""
+    return "1" if os.environ.get("PYTEST_XDIST_WORKER") == "gw1" else "0"
+
+
 @dataclass(frozen=True)
 class LinkedEngine:
     """A vLLM server with the plugin, its KV figures published on a ZMQ socket (and
@@ -138,7 +145,7 @@ def linked_vllm(
     max_model_len: int = 4096,
     cpu_kv_blocks: int = 0,
 ) -> Iterator[LinkedEngine]:
-    """vLLM (the tiny model, ``num_blocks`` KV blocks of 128 tokens, on core 0) with the
+    """vLLM (the tiny model, ``num_blocks`` KV blocks of 128 tokens, on ``vllm_core()``) with the
     plugin running ``policy`` and the side channel's sockets in ``folder``, and a CPU KV
     tier of ``cpu_kv_blocks`` blocks (0: none). NOTE:
     ``--enforce-eager``: no torch.compile at start, which saves ~10 of the ~38 s a start
@@ -148,9 +155,9 @@ def linked_vllm(
         model=tiny_model_made_by(python),
         max_model_len=max_model_len,
         num_blocks=num_blocks,
-        # vLLM's compute threads keep to core 0; this process (the gateway, the
+        # vLLM's compute threads keep to one core (vllm_core); this process (the gateway, the
         # clients) has the other (test_gateway_e2e).
-        cores="0",
+        cores=vllm_core(),
         cpu_kv_blocks=cpu_kv_blocks,
         extra_args=("--scheduler-cls", PLUGIN, "--enforce-eager"),
     )

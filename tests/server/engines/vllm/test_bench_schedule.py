@@ -89,6 +89,11 @@ def test_policies_are_registered_names_each_once() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             policy_list(text)
+    # A cost profile lets the policies that need costs run; one that does not load is
+    # named.
+    assert policy_list("continuum-dy", "cpu-tiny") == ("continuum-dy",)
+    with pytest.raises(ValueError, match="AGENTMARS_PROFILE=no-such-profile"):
+        policy_list("fcfs", "no-such-profile")
 
 
 def test_the_virtual_clock_moves_only_when_advanced(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,7 +33,7 @@ from agentmars.server.engines.vllm.displacement import displace
 from agentmars.server.engines.vllm.launch import SERVED_MODEL_NAME, VllmServerConfig, serve_vllm
 from agentmars.server.engines.vllm.smoke import metric_total, model_vocab_size, random_prompt
 from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
-from tests.server.engines.vllm.helpers import PLUGIN, REPO, wait_for_metric
+from tests.server.engines.vllm.helpers import PLUGIN, REPO, vllm_core, wait_for_metric
 from tests.server.engines.vllm.urgent_policy import NAME, URGENT
 
 MODULE = "tests.server.engines.vllm.urgent_policy"
@@ -416,8 +416,8 @@ def engine(
         model=tiny_model_made_by(vllm_python),
         max_model_len=8000,
         num_blocks=KV_BLOCKS,
-        # vLLM's compute threads keep to core 0; the test's clients have the other.
-        cores="0",
+        # vLLM's compute threads keep to one core (vllm_core); the test's clients have the other.
+        cores=vllm_core(),
         extra_args=("--scheduler-cls", PLUGIN, "--max-num-seqs", "2", "--enforce-eager"),
     )
     paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]

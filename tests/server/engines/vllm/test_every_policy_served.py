@@ -45,7 +45,7 @@ from agentmars.server.policies.registry import (
 )
 from agentmars.server.web.serving import free_loopback_port
 from tests.cli.serving import wait_for
-from tests.server.engines.vllm.helpers import labelled_total, post_events
+from tests.server.engines.vllm.helpers import labelled_total, post_events, vllm_core
 
 TOKEN = "contract-token"
 SESSIONS = 3
@@ -108,7 +108,7 @@ class Served:
         return (self.folder / "serve.err").read_text()
 
 
-def _start(name: str, vllm_python: Path, folder: Path, core: int) -> Served:
+def _start(name: str, vllm_python: Path, folder: Path, core: str) -> Served:
     """``agentmars serve`` with policy ``name``, as a user starts it, vLLM on ``core``."""
     folder.mkdir(parents=True)
     port = free_loopback_port()
@@ -118,7 +118,7 @@ def _start(name: str, vllm_python: Path, folder: Path, core: int) -> Served:
                 sys.executable, "-m", "agentmars.cli.main", "serve",
                 "--model", str(tiny_model_made_by(vllm_python)),
                 "--vllm-python", str(vllm_python), "--policy", name, "--profile", PROFILE,
-                "--port", str(port), "--cores", str(core), "--num-blocks", "64",
+                "--port", str(port), "--cores", core, "--num-blocks", "64",
                 "--max-model-len", "4096", "--log", str(folder / "vllm.log"),
                 # No torch.compile at start: ~10 of each start's ~38 s here.
                 "--vllm-arg=--enforce-eager",
@@ -138,9 +138,9 @@ def _stop(served: Served) -> None:
 
 
 class Starts:
-    """Starts the policies' servers two at a time, one on each core, the next
-    policy's with the one asked for: a start is mostly single-threaded Python, so two
-    together take about the time of one, which halves this module's time."""
+    """Starts each policy's server when the test before it takes its own, on this
+    worker's vLLM core (``vllm_core``): the next start's imports, a minute of one core,
+    go on while the test before it sends its few seconds of traffic."""
 
     def __init__(self, vllm_python: Path, root: Path) -> None:
         self.vllm_python = vllm_python
@@ -148,11 +148,11 @@ class Starts:
         self.started: dict[str, Served] = {}
 
     def take(self, name: str) -> Served:
-        if name not in self.started:
-            index = SERVED.index(name)
-            for core, other in enumerate(SERVED[index : index + 2]):
-                folder = self.root / other
-                self.started[other] = _start(other, self.vllm_python, folder, core)
+        index = SERVED.index(name)
+        for policy in SERVED[index : index + 2]:
+            if policy not in self.started:
+                folder = self.root / policy
+                self.started[policy] = _start(policy, self.vllm_python, folder, vllm_core())
         return self.started.pop(name)
 
     def stop_all(self) -> None:

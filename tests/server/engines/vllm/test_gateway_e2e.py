@@ -45,6 +45,7 @@ from tests.server.engines.vllm.helpers import (
     kv_status,
     labelled_total,
     released,
+    vllm_core,
     wait_for_metric,
 )
 
@@ -107,9 +108,9 @@ def engine(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         model=tiny_model_made_by(vllm_python),
         max_model_len=MAX_MODEL_LEN,
         num_blocks=KV_BLOCKS,
-        # vLLM's compute threads keep to core 0; this process (the gateway, the
+        # vLLM's compute threads keep to one core (vllm_core); this process (the gateway, the
         # clients) has the other, so its timings are not vLLM's starving it.
-        cores="0",
+        cores=vllm_core(),
         extra_args=("--scheduler-cls", PLUGIN),
     )
     env = {

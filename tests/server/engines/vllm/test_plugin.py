@@ -42,7 +42,7 @@ from agentmars.server.policies.continuum import ContinuumDynamicEngine, Continuu
 from agentmars.server.policies.infercept import InferCeptEngine
 from agentmars.server.policies.interface import EngineHalf
 from agentmars.server.policies.thunderagent import ThunderAgentEngine, ThunderAgentOffloadEngine
-from tests.server.engines.vllm.helpers import PLUGIN, blocks, kv_status, released
+from tests.server.engines.vllm.helpers import PLUGIN, blocks, kv_status, released, vllm_core
 
 TIMEOUT_S = 120.0
 
@@ -335,8 +335,8 @@ def ordering_server(
         num_blocks=128,
         # NOTE: vLLM's busy compute threads otherwise starve this test's own process
         # (a 0.5 s sleep took 3 s while a long call decoded), which then submits its
-        # calls late: the server keeps to core 0, the test has the other.
-        cores="0",
+        # calls late: the server keeps to one core, the test has the other.
+        cores=vllm_core(),
         extra_args=("--scheduler-cls", PLUGIN, "--max-num-seqs", "1"),
     )
     env = {
@@ -523,7 +523,7 @@ def pinning_server(
         model=tiny_model,
         max_model_len=8000,
         num_blocks=KV_BLOCKS,
-        cores="0",  # see ordering_server
+        cores=vllm_core(),  # see ordering_server
         extra_args=("--scheduler-cls", PLUGIN),
     )
     env = {

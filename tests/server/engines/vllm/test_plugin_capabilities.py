@@ -1,12 +1,13 @@
 """What the plugin provides a policy's engine half, on the real vLLM CPU engine with the
-tiny model: a half that needs more is refused when vLLM starts (``continuum-dy``
-without a cost profile; ``thunderagent-cpu`` started without the agentmars CPU KV tier,
-which it offloads to), and ``continuum-dy``
-with a profile and the side channel serves calls and takes its dynamic TTL, which
-weighs a tool's past durations (the gateway's ``tool_end`` events, through the hints
-socket) against the profile's estimate of the context's prefill time.
+tiny model: a half that needs more is refused when vLLM starts (``thunderagent-cpu``
+started without the agentmars CPU KV tier, which it offloads to; each capability's
+refusal is checked on the plugin's configuration in ``test_plugin.py``, without a
+start), and ``continuum-dy`` with a profile and the side channel serves calls and
+takes its dynamic TTL, which weighs a tool's past durations (the gateway's
+``tool_end`` events, through the hints socket) against the profile's estimate of the
+context's prefill time.
 
-Three vLLM servers start, one at a time: two that fail at start, one that serves."""
+Two vLLM servers start, one at a time: one that fails at start, one that serves."""
 
 from __future__ import annotations
 
@@ -30,7 +31,14 @@ from agentmars.server.engines.vllm.launch import (
 from agentmars.server.engines.vllm.smoke import model_vocab_size, random_prompt
 from agentmars.server.engines.vllm.tiny_model import tiny_model_made_by
 from agentmars.server.profiles.cost_model import CostModel, load_profile
-from tests.server.engines.vllm.helpers import PLUGIN, blocks, kv_status, released, send_hints
+from tests.server.engines.vllm.helpers import (
+    PLUGIN,
+    blocks,
+    kv_status,
+    released,
+    send_hints,
+    vllm_core,
+)
 
 TIMEOUT_S = 120.0
 KV_BLOCKS = 64
@@ -58,9 +66,9 @@ def _config(vllm_python: Path) -> VllmServerConfig:
         model=tiny_model_made_by(vllm_python),
         max_model_len=4096,
         num_blocks=KV_BLOCKS,
-        # vLLM's compute threads keep to core 0; this process has the other, so the
+        # vLLM's compute threads keep to one core (vllm_core); this process has the other, so the
         # sleeps here are not stretched by vLLM starving it (test_plugin's servers).
-        cores="0",
+        cores=vllm_core(),
         extra_args=("--scheduler-cls", PLUGIN),
     )
 
@@ -72,8 +80,6 @@ def _config(vllm_python: Path) -> VllmServerConfig:
 @pytest.mark.parametrize(
     ("policy", "missing"),
     [
-        # The side channel is there; the cost profile is not.
-        ("continuum-dy", "it needs costs, which the vLLM plugin does not provide"),
         # The plugin ticks and pauses, but vLLM runs no CPU KV tier here (no
         # --kv-transfer-config: test_cpu_tier_on_vllm.py starts one).
         ("thunderagent-cpu", "it needs cpu-tier, which the vLLM plugin does not provide"),
