@@ -57,6 +57,7 @@ LATE_VLLM_MODULES = frozenset(
 )
 """Of those, the ones the second worker runs after every module without vLLM, while
 the first worker still runs the others (on cores 1 and 0: ``vllm_core``)."""
+assert LATE_VLLM_MODULES <= VLLM_MODULES, sorted(LATE_VLLM_MODULES - VLLM_MODULES)
 
 
 def _scope(module: str) -> str:
@@ -90,4 +91,3 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return _scope(nodeid.split("::")[0])
 
     return VllmApart(config, log)
-assert LATE_VLLM_MODULES <= VLLM_MODULES, sorted(LATE_VLLM_MODULES - VLLM_MODULES)
