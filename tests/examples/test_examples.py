@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -141,6 +142,61 @@ def test_openhands_on_agentmars_differs_from_plain_openhands_by_the_import(
     # The twin calls "terminal" for a session's first three calls, then "finish".
     assert after.get("terminal", 0) - before.get("terminal", 0) == 3
     assert after["sessions"] - before.get("sessions", 0) == 1
+
+
+class GatewayEvents:
+    """The gateway's event stream (``GET /v1/events/stream``) read on a thread while
+    a block runs: the LLM calls' ends, as ``(session, ended in a tool call)``."""
+
+    def __init__(self, twin: Twin) -> None:
+        self.twin = twin
+        self.ends: list[tuple[str, bool]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._open = threading.Event()
+
+    def _read(self) -> None:
+        headers = {"Authorization": f"Bearer {self.twin.token}"}
+        url = self.twin.base + "/v1/events/stream"
+        with httpx.stream("GET", url, headers=headers, timeout=None) as response:
+            self._open.set()
+            for line in response.iter_lines():
+                if self._stop.is_set():
+                    return
+                event = json.loads(line[5:]) if line.startswith("data:") else {}
+                if event.get("kind") == "llm_end":
+                    self.ends.append((event["session_id"], event["ended_in_tool_call"]))
+
+    def __enter__(self) -> GatewayEvents:
+        self._thread.start()
+        assert self._open.wait(10), "the gateway's event stream did not open"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # The next event (a heartbeat, or the next test's) lets the reader see the stop.
+        self._stop.set()
+
+
+@pytest.mark.parametrize(
+    ("script", "base"),
+    [("openai_agents_agent.py", "/v1"), ("anthropic_agent.py", "")],
+    ids=["openai-agents", "anthropic"],
+)
+def test_an_unmodified_agent_framework_runs_as_one_session(
+    twin: Twin, script: str, base: str
+) -> None:
+    """The OpenAI Agents SDK (Responses API, turns chained by previous_response_id) and
+    an Anthropic-client loop (Messages API, ``metadata.user_id``): every call of the
+    run is in one session at the gateway, and the tool loop ends in an answer (the
+    twin calls tools for a session's first three calls, then answers in text)."""
+    with GatewayEvents(twin) as events:
+        _run(script, "--base-url", twin.base + base)
+        deadline = time.monotonic() + 10
+        while len(events.ends) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the stream's events trail the answers a little
+    sessions = {session for session, _ in events.ends}
+    assert len(sessions) == 1, events.ends
+    assert [tool for _, tool in events.ends] == [True, True, True, False]
 
 
 def test_otel_export_prints_the_session_call_and_tool_spans(twin: Twin) -> None:

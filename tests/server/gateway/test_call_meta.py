@@ -1,13 +1,26 @@
-"""What the gateway reads of a request (``call_metadata``), without servers: the
-session and its sources' precedence, the call id, the tool markers and the hints."""
+"""What the gateway reads of a request (``call_metadata``): the session and its
+sources' precedence, the call id, the tool markers and the hints, without servers;
+then a chain of Responses calls (``previous_response_id``) through a real gateway in
+front of the scripted engine, which the openai client calls as it is."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
+from fastapi import FastAPI
 
-from agentmars.server.gateway.call_meta import BadRequest, call_metadata
+from agentmars.sdk.events import LLMSubmit, SessionEnd
+from agentmars.server.engines.scripted.app import ScriptedLatency, create_scripted_llm_app
+from agentmars.server.gateway.call_meta import BadRequest, ResponseSessions, call_metadata
+from agentmars.server.gateway.llm_apis import CHAT, Responses
+from agentmars.server.web.serving import serve_in_thread
+from tests.sdk.integrations.scripted_responses import add_responses_route
+from tests.server.gateway.conftest import MODEL, Gateway, GatewayFactory
+
+RESPONSES = Responses()
 
 # Every session source, highest precedence first: (headers, body) naming ``value``.
 SOURCES: list[tuple[str, Any]] = [
@@ -154,3 +167,126 @@ def test_bad_xargs_are_a_400_naming_the_field(xargs: dict[str, object]) -> None:
     (field,) = xargs
     with pytest.raises(BadRequest, match=f"vllm_xargs.{field}"):
         call_metadata({}, {"vllm_xargs": xargs})
+
+
+# --- previous_response_id: the session of the answer a call continues -----------------
+
+
+def test_a_response_continuing_an_answer_joins_the_session_that_gave_it() -> None:
+    answers = ResponseSessions()
+    answers.remember("resp_1", "s-1")
+    body = {"previous_response_id": "resp_1"}
+    meta = call_metadata({}, body, RESPONSES, answers)
+    assert meta.session_id == "s-1" and not meta.ephemeral
+    # Unknown (the gateway restarted, or forgot it): the id names the session.
+    for unknowing in (ResponseSessions(), None):
+        meta = call_metadata({}, {**body, "store": False}, RESPONSES, unknowing)
+        assert meta.session_id == "resp_1" and not meta.ephemeral
+    # Below every other source, which leaves it unread; no field of the other APIs.
+    named = call_metadata({"x-session-token": "t"}, {"previous_response_id": ""}, RESPONSES)
+    assert named.session_id == "t"
+    assert call_metadata({}, body, CHAT, answers).ephemeral
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_a_bad_previous_response_id_is_a_400_naming_it(bad: object) -> None:
+    with pytest.raises(BadRequest, match="previous_response_id"):
+        call_metadata({}, {"previous_response_id": bad}, RESPONSES, ResponseSessions())
+
+
+def test_a_response_naming_no_session_may_be_continued_unless_it_is_not_stored() -> None:
+    meta = call_metadata({}, {"input": "hi", "vllm_xargs": {"call_id": "c-1"}}, RESPONSES)
+    assert meta.session_id == "resp-c-1" and not meta.ephemeral
+    assert not call_metadata({}, {"input": "hi", "store": True}, RESPONSES).ephemeral
+    unstored = call_metadata({}, {"input": "hi", "store": False}, RESPONSES)
+    assert unstored.ephemeral and unstored.session_id.startswith("call-")
+
+
+def test_the_answers_remembered_are_bounded_least_recently_used_first() -> None:
+    answers = ResponseSessions(limit=2)
+    answers.remember("r1", "a")
+    answers.remember("r2", "b")
+    assert answers.session_of("r1") == "a"  # r2 is now the least recently used
+    answers.remember("r3", "c")
+    assert len(answers) == 2 and answers.session_of("r2") is None
+    assert (answers.session_of("r1"), answers.session_of("r3")) == ("a", "c")
+
+
+@pytest.fixture
+def responses_engine() -> Iterator[FastAPI]:
+    """The scripted engine with its Responses route (a fresh ``resp_...`` id each)."""
+    latency = ScriptedLatency(first_token_s=0.01, per_token_s=0.005)
+    app = create_scripted_llm_app(latency, model=MODEL)
+    add_responses_route(app, latency)
+    with serve_in_thread(app) as url:
+        app.state.url = url
+        yield app
+
+
+def _respond(client: openai.OpenAI, stream: bool, **fields: Any) -> str:
+    """One Responses call; the id of its answer."""
+    if not stream:
+        return client.responses.create(model=MODEL, input="hi", max_output_tokens=2, **fields).id
+    events = client.responses.create(
+        model=MODEL, input="hi", max_output_tokens=2, stream=True, **fields
+    )
+    (completed,) = [e for e in events if e.type == "response.completed"]
+    return completed.response.id
+
+
+def _sessions(gateway: Gateway) -> list[str]:
+    return [e.session_id for e in gateway.hub.events() if isinstance(e, LLMSubmit)]
+
+
+def _ended(gateway: Gateway) -> list[str]:
+    return [e.session_id for e in gateway.hub.events() if isinstance(e, SessionEnd)]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_chain_of_responses_naming_no_session_is_one_session(
+    responses_engine: FastAPI, make_gateway: GatewayFactory, stream: bool
+) -> None:
+    with make_gateway(responses_engine.state.url) as gateway:
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused")
+        first = _respond(client, stream)
+        second = _respond(client, stream, previous_response_id=first)
+        _respond(client, stream, previous_response_id=second)
+        sessions = _sessions(gateway)
+        ended = _ended(gateway)
+    call_id = responses_engine.state.requests[0].body["vllm_xargs"]["call_id"]
+    assert sessions == [f"resp-{call_id}"] * 3
+    assert ended == []  # open until it idles out, as any client that never says goodbye
+    seen = [
+        (r.headers["x-session-id"], r.body["vllm_xargs"]) for r in responses_engine.state.requests
+    ]
+    assert [(session, xargs["session_id"], xargs["turn"]) for session, xargs in seen] == [
+        (f"resp-{call_id}", f"resp-{call_id}", turn) for turn in range(3)
+    ]
+
+
+def test_a_call_continuing_an_answer_joins_its_session_whatever_named_it(
+    responses_engine: FastAPI, make_gateway: GatewayFactory
+) -> None:
+    with make_gateway(responses_engine.state.url) as gateway:
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused")
+        named = _respond(client, False, conversation={"id": "conv_9"})
+        _respond(client, True, previous_response_id=named)
+        # An answer given before the gateway (re)started: its id names the session.
+        unknown = _respond(client, False, previous_response_id="resp_from_before")
+        _respond(client, False, previous_response_id=unknown)
+        sessions = _sessions(gateway)
+    assert sessions == ["conv_9", "conv_9", "resp_from_before", "resp_from_before"]
+
+
+def test_a_response_not_stored_and_naming_no_session_is_a_one_call_session(
+    responses_engine: FastAPI, make_gateway: GatewayFactory
+) -> None:
+    with make_gateway(responses_engine.state.url) as gateway:
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused")
+        _respond(client, False, store=False)
+        (session,) = _sessions(gateway)
+        ended = _ended(gateway)
+        remembered = len(gateway.app.state.gateway.answers)
+    assert session.startswith("call-") and ended == [session] and remembered == 0
+    (seen,) = responses_engine.state.requests
+    assert "x-session-id" not in seen.headers and "session_id" not in seen.body

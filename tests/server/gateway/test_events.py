@@ -24,7 +24,7 @@ from agentmars.sdk.events import (
 )
 from agentmars.server.gateway.call_meta import call_metadata
 from agentmars.server.gateway.events import CallRecorder
-from agentmars.server.gateway.llm_apis import TextCompletions
+from agentmars.server.gateway.llm_apis import Responses, TextCompletions
 from agentmars.server.gateway.proxy import SSEScanner
 from agentmars.server.web.ingest import EventHub
 from agentmars.server.web.serving import serve_in_subprocess
@@ -174,6 +174,19 @@ def test_the_recorder_drops_what_an_engine_gets_wrong_instead_of_failing() -> No
     assert isinstance(first, LLMFirstToken)
     assert isinstance(end, LLMEnd) and end.status == "ok"
     assert (end.prompt_tokens, end.cached_tokens, end.output_tokens) == (2, None, None)
+
+
+def test_the_recorder_tells_the_answers_id_as_soon_as_a_chunk_gives_it() -> None:
+    recorder = CallRecorder(EventHub(), call_metadata({}, {}), 0, {}, Responses())
+    told: list[str] = []
+    recorder.on_response_id = told.append
+    response = {"id": "resp_1", "object": "response", "status": "in_progress"}
+    recorder.observe({"type": "response.created", "response": response}, chunk=True)
+    assert told == ["resp_1"]  # before the stream's end: the client may continue it then
+    recorder.observe({"type": "response.output_text.delta", "delta": "hi"}, chunk=True)
+    done = {**response, "status": "completed"}
+    recorder.observe({"type": "response.completed", "response": done}, chunk=True)
+    assert told == ["resp_1"]
 
 
 def test_the_usage_chunk_the_gateway_asked_for_is_dropped_wherever_the_bytes_split() -> None:

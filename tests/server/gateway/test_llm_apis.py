@@ -32,11 +32,48 @@ def test_anthropic_user_id_names_a_message_session_below_every_other_source() ->
     assert call_metadata({"x-session-token": "tok"}, USER, MESSAGES).session_id == "tok"
     # Not an Anthropic request: OpenAI's metadata is free-form, its user_id is not read.
     assert call_metadata({}, USER, CHAT).ephemeral
-    assert call_metadata({}, USER, RESPONSES).ephemeral
+    assert call_metadata({}, {**USER, "store": False}, RESPONSES).ephemeral
     # Absent or not an object: no session, no error (the engine judges the body).
     assert call_metadata({}, {"metadata": "x"}, MESSAGES).ephemeral
     with pytest.raises(BadRequest, match=r"metadata\.user_id"):
         call_metadata({}, {"metadata": {"user_id": "x" * 257}}, MESSAGES)
+
+
+@pytest.mark.parametrize("conversation", ["conv_1", {"id": "conv_1"}])
+def test_the_conversation_names_a_response_session_below_every_other_source(
+    conversation: object,
+) -> None:
+    body = {"conversation": conversation}
+    meta = call_metadata({}, body, RESPONSES)
+    assert meta.session_id == "conv_1" and not meta.ephemeral
+    assert call_metadata({"x-session-token": "tok"}, body, RESPONSES).session_id == "tok"
+    assert call_metadata({}, {**body, "store": False}, RESPONSES).session_id == "conv_1"
+    # Above the answer the call continues (OpenAI refuses both; the gateway need not).
+    continued = {**body, "previous_response_id": "resp_0"}
+    assert call_metadata({}, continued, RESPONSES).session_id == "conv_1"
+    # Not a Responses request: not read.
+    assert call_metadata({}, body, CHAT).ephemeral
+    assert call_metadata({}, body, MESSAGES).ephemeral
+
+
+@pytest.mark.parametrize(
+    ("conversation", "field"),
+    [
+        ("", "conversation"),
+        ("x" * 257, "conversation"),
+        ("caf\u00e9", "conversation"),
+        (7, "conversation"),
+        (["conv_1"], "conversation"),
+        ({"id": ""}, r"conversation\.id"),
+        ({"id": "x" * 257}, r"conversation\.id"),
+        ({"id": 7}, r"conversation\.id"),
+        ({}, r"conversation\.id"),
+        ({"object": "conversation"}, r"conversation\.id"),
+    ],
+)
+def test_a_bad_conversation_is_a_400_naming_it(conversation: object, field: str) -> None:
+    with pytest.raises(BadRequest, match=field):
+        call_metadata({}, {"conversation": conversation}, RESPONSES)
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,12 @@ from agentmars.sdk.integrations.request import TOOL_PRIORITY_HEADER
 from agentmars.sdk.sinks.otel import tracer_provider_from_env
 from agentmars.server.gateway import tracing
 from agentmars.server.gateway.admission import Admission
-from agentmars.server.gateway.call_meta import BadRequest, CallMeta, call_metadata
+from agentmars.server.gateway.call_meta import (
+    BadRequest,
+    CallMeta,
+    ResponseSessions,
+    call_metadata,
+)
 from agentmars.server.gateway.dashboard import dashboard_router
 from agentmars.server.gateway.events import CallRecorder, CallStatus, stream_router
 from agentmars.server.gateway.llm_apis import LLM_APIS, LLMApi
@@ -153,6 +158,9 @@ class Gateway:
     """The engine replicas, in ``config.replicas()`` order (made by the lifespan)."""
     links: list[PluginLink | None] = field(default_factory=list)
     """Each replica's side channel to its scheduler plugin, if configured."""
+    answers: ResponseSessions = field(default_factory=ResponseSessions)
+    """The session of each answer a later call may continue (the Responses API's
+    ``previous_response_id``)."""
     stopping: Callable[[], bool] = lambda: False
     """True once the server shuts down: open event streams then end (whoever runs
     the app sets it, e.g. to ``lambda: server.should_exit`` for a uvicorn server)."""
@@ -362,7 +370,7 @@ async def _json_body(request: Request) -> dict[str, Any]:
 async def _complete(gateway: Gateway, request: Request, api: LLMApi) -> Response:
     body = await _json_body(request)
     try:
-        meta = call_metadata(request.headers, body, api)
+        meta = call_metadata(request.headers, body, api, gateway.answers)
     except BadRequest as exc:
         raise GatewayError(400, str(exc)) from None
     model = body.get("model") if isinstance(body.get("model"), str) else None
@@ -389,6 +397,10 @@ async def _forward(
     turn: int,
 ) -> Response:
     recorder = CallRecorder(gateway.hub, meta, turn, body, api)
+    if api.continues_field is not None and not meta.ephemeral:
+        recorder.on_response_id = lambda response_id: gateway.answers.remember(
+            response_id, meta.session_id
+        )
 
     def done(status: CallStatus, error: str | None) -> None:
         tracing.call_ended(recorder.end(status, error))

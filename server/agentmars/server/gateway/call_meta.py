@@ -5,13 +5,17 @@ The SDK's wire contract (``agentmars.sdk.integrations.request``) names the sessi
 header ``X-Session-ID``, body ``session_id`` and ``vllm_xargs.session_id`` and carries
 everything else in ``vllm_xargs``. An agent that does not use the SDK still names its
 conversation in its own ecosystem's fields (OpenAI's ``prompt_cache_key``, LiteLLM's
-``x-litellm-session-id``, Anthropic's ``metadata.user_id``...): the gateway reads those
-too, so an unmodified agent gets one session per conversation instead of one per call.
-Where each API carries its tool markers and prompt is ``llm_apis``'.
+``x-litellm-session-id``, Anthropic's ``metadata.user_id``, the Responses API's
+``conversation``...): the gateway reads those too, so an unmodified agent gets one
+session per conversation instead of one per call. A Responses call may instead continue
+an earlier answer (``previous_response_id``): it joins the session of the call that gave
+that answer, which the gateway remembers (``ResponseSessions``). Where each API carries
+its tool markers and prompt is ``llm_apis``'.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +37,14 @@ FOREIGN_SESSION_FIELDS: tuple[tuple[str, str], ...] = (
 own fields)."""
 
 
+MAX_RESPONSE_IDS = 65_536
+"""Answers whose session ``ResponseSessions`` remembers (ours: four times the seats,
+``admission.MAX_ADMITTED_SESSIONS``, room for each open session's newest answer, which
+its chain goes on from, and for older ones it may branch from; a few hundred bytes
+each). Past it the least recently used is forgotten: a call continuing it names its
+session after it, as after a restart."""
+
+
 class BadRequest(ValueError):
     """The request's metadata is unusable; the message becomes the 400 body."""
 
@@ -50,7 +62,8 @@ class CallMeta:
     expects_tool: bool
     prompt_tokens: int
     ephemeral: bool
-    """The request named no session: it is a one-call session of its own."""
+    """The request named no session and its answer cannot be continued: it is a
+    one-call session of its own, ended with the call."""
     next_tool: str | None = None
     """The tool the agent expects to run after this call."""
     expected_tool_s: float | None = None
@@ -72,6 +85,32 @@ class CallMeta:
             "task_id": self.task_id,
         }
         return {name: value for name, value in named.items() if value is not None}
+
+
+class ResponseSessions:
+    """The session of each answer a later call may continue (``LLMApi.continues_field``),
+    by the answer's response id, at most ``limit``, least recently used first (on the
+    event loop only). Kept past the session's end: a chain continued after its session
+    idled out is that session again."""
+
+    def __init__(self, limit: int = MAX_RESPONSE_IDS) -> None:
+        self.limit = limit
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def remember(self, response_id: str, session_id: str) -> None:
+        self._sessions[response_id] = session_id
+        self._sessions.move_to_end(response_id)
+        if len(self._sessions) > self.limit:
+            self._sessions.popitem(last=False)
+
+    def session_of(self, response_id: str) -> str | None:
+        session_id = self._sessions.get(response_id)
+        if session_id is not None:
+            self._sessions.move_to_end(response_id)
+        return session_id
 
 
 def _check_id(value: object, field: str) -> str:
@@ -106,13 +145,20 @@ def _own_session_id(
 def _source(
     place: str, name: str, headers: Mapping[str, str], body: Mapping[str, Any]
 ) -> tuple[object, str]:
-    """The value at a session source, and the source's name for an error."""
+    """The value at a session source, and the source's name for an error. The places:
+    ``header``, ``body``, ``metadata`` (a field of the body's ``metadata``) and
+    ``id_or_object`` (a body field holding the id or an object with it, ``{"id":
+    ...}``)."""
     if place == "header":
         return headers.get(name), f"header {name}"
     if place == "metadata":
         metadata = body.get("metadata")
         return (metadata.get(name) if isinstance(metadata, Mapping) else None), f"metadata.{name}"
-    return body.get(name), name
+    value = body.get(name)
+    if place == "id_or_object" and isinstance(value, Mapping):
+        # Without its id the object names no session, and the engine would refuse it.
+        return value.get("id", ""), f"{name}.id"
+    return value, name
 
 
 def _foreign_session_id(
@@ -125,6 +171,18 @@ def _foreign_session_id(
         if value is not None:
             return _check_id(value, field)
     return None
+
+
+def _continued_session_id(
+    body: Mapping[str, Any], api: LLMApi, answers: ResponseSessions | None
+) -> str | None:
+    """The session of the answer the call continues. One the gateway does not know
+    (it restarted, or forgot it) names the session itself: the calls that continue
+    this one then join it."""
+    if api.continues_field is None or (value := body.get(api.continues_field)) is None:
+        return None
+    previous = _check_id(value, api.continues_field)
+    return (answers.session_of(previous) if answers is not None else None) or previous
 
 
 def _flag(xargs: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -176,10 +234,14 @@ def _seconds(xargs: Mapping[str, Any], name: str) -> float | None:
 
 
 def call_metadata(
-    headers: Mapping[str, str], body: Mapping[str, Any], api: LLMApi = CHAT
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    api: LLMApi = CHAT,
+    answers: ResponseSessions | None = None,
 ) -> CallMeta:
-    """The metadata of a request to ``api`` (``headers`` with lower-case names);
-    ``BadRequest`` names the field of a value that cannot be used.
+    """The metadata of a request to ``api`` (``headers`` with lower-case names), with
+    the sessions of the ``answers`` a call may continue; ``BadRequest`` names the
+    field of a value that cannot be used.
 
     The session is named by the first of these sources present:
 
@@ -190,29 +252,42 @@ def call_metadata(
     4. body ``program_id`` (an Autellix / Continuum-style program id);
     5. header ``X-Dynamo-Session-ID`` (NVIDIA Dynamo's);
     6. header ``x-session-token``;
-    7. the API's own (``LLMApi.session_fields``: Anthropic's ``metadata.user_id``).
+    7. the API's own (``LLMApi.session_fields``: Anthropic's ``metadata.user_id``,
+       the Responses API's ``conversation``);
+    8. the answer the call continues (``LLMApi.continues_field``: the Responses API's
+       ``previous_response_id``): the session of the call that gave it, else the
+       answer's id itself.
 
     The sources below the first present one are not read, so they neither conflict
     nor fail (an OpenHands agent sends its conversation id as both
     ``prompt_cache_key`` and ``x-litellm-session-id``; another client may send
     unrelated values). Without any, the call is a one-call session of its own
-    (``ephemeral``). Session, call and task ids are 1-256 printable ASCII characters.
+    (``ephemeral``), unless a later call may continue its answer (``stores_answer``):
+    then its session is ``resp-<call id>``, which such a call joins and which ends,
+    as any session whose client never says goodbye, when it idles out. Session, call
+    and task ids are 1-256 printable ASCII characters.
     """
     xargs = body.get("vllm_xargs", {})
     if not isinstance(xargs, Mapping):
         raise BadRequest("vllm_xargs must be a JSON object")
-    session_id = _own_session_id(headers, body, xargs)
+    session_id = (
+        _own_session_id(headers, body, xargs)
+        or _foreign_session_id(headers, body, api)
+        or _continued_session_id(body, api, answers)
+    )
+    call_id = _id(xargs, "call_id") or new_id()
+    ephemeral = session_id is None and not api.stores_answer(body)
     if session_id is None:
-        session_id = _foreign_session_id(headers, body, api)
+        session_id = f"call-{new_id()}" if ephemeral else f"resp-{call_id}"
     return CallMeta(
-        session_id=session_id or f"call-{new_id()}",
-        call_id=_id(xargs, "call_id") or new_id(),
+        session_id=session_id,
+        call_id=call_id,
         turn=_turn(xargs),
         follows_tool=_flag(xargs, "follows_tool", api.follows_tool(body)),
         expects_tool=_flag(xargs, "expects_tool", api.tools_offered(body)),
         # The SDK's own projection (characters / 4); 1 for a body with no prompt.
         prompt_tokens=api.prompt_tokens(body) or 1,
-        ephemeral=session_id is None,
+        ephemeral=ephemeral,
         next_tool=_name(xargs, "next_tool", min_length=1),
         expected_tool_s=_seconds(xargs, "expected_tool_s"),
         agent=_name(xargs, "agent", min_length=0),

@@ -61,6 +61,9 @@ class CallRecorder:
         self._ended = False
         self._usage = Usage()
         self._identity = Identity()
+        self.on_response_id: Callable[[str], None] = lambda response_id: None
+        """Told the answer's id as soon as it is read: a client that has read the
+        answer may continue it before the relay gets back to record its end."""
         self._finish_reason: str | None = None
         self._tool_call = False
         self._publish(
@@ -92,7 +95,10 @@ class CallRecorder:
             self._publish(LLMFirstToken(ttft_s=ttft, **self.ids, **stamp))
         if (usage := self.api.usage(response)) is not None:
             self._usage = self._usage.updated(usage)
-        self._identity = self._identity.updated(self.api.identity(response))
+        identity = self._identity.updated(self.api.identity(response))
+        if (answer_id := identity.response_id) and answer_id != self._identity.response_id:
+            self.on_response_id(answer_id)
+        self._identity = identity
         if (finish := self.api.finish(response)) is not None:
             self._finish_reason, self._tool_call = finish
 

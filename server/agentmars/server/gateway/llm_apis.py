@@ -119,6 +119,15 @@ class LLMApi:
     max_tokens_fields: tuple[str, ...] = ("max_tokens",)
     session_fields: tuple[tuple[str, str], ...] = ()
     """Where this API names the session, below ``call_meta.FOREIGN_SESSION_FIELDS``."""
+    continues_field: str | None = None
+    """The body field naming an earlier answer, by its response id, that the call
+    continues (None: the API has none): the call is in that answer's session, below
+    all of ``session_fields``."""
+
+    def stores_answer(self, body: Mapping[str, Any]) -> bool:
+        """The engine keeps the answer for a later call to continue
+        (``continues_field``)."""
+        return False
 
     def operation(self, body: Mapping[str, Any]) -> Operation:
         return "chat"
@@ -264,7 +273,12 @@ class Responses(LLMApi):
     prompt_field = "input"
     prompt_fields = ("instructions", "input")
     max_tokens_fields = ("max_output_tokens",)
+    session_fields = (("id_or_object", "conversation"),)
+    continues_field = "previous_response_id"
     ENDED = ("completed", "incomplete", "failed", "cancelled")
+
+    def stores_answer(self, body: Mapping[str, Any]) -> bool:
+        return body.get("store") is not False  # OpenAI's default: stored
 
     def follows_tool(self, body: Mapping[str, Any]) -> bool:
         kind = _last(body.get("input")).get("type")

@@ -73,10 +73,12 @@ def test_auto_follows_the_script_then_calls_tools_for_a_few_turns_then_finishes(
     assert _chosen(offered, next_tool="not offered") == "terminal"
     turns = [_chosen(offered, turn) for turn in range(TOOL_TURNS + 2)]
     assert turns == ["terminal"] * TOOL_TURNS + ["finish"] * 2
-    # Without a finish tool a session ends in text, unless the client asked for a tool.
+    # Without a finish tool a session ends in text, though the gateway says a tool may
+    # come (it does whenever tools are offered); a script names the tool it wants.
     plain = {"tools": [TERMINAL]}
     assert _chosen(plain, TOOL_TURNS) is None
-    assert _chosen(plain, TOOL_TURNS, expects_tool=True) == "terminal"
+    assert _chosen(plain, TOOL_TURNS, expects_tool=True) is None
+    assert _chosen(plain, TOOL_TURNS, expects_tool=True, next_tool="terminal") == "terminal"
     assert _chosen({}, 0, expects_tool=True) is None  # nothing offered: text
 
 

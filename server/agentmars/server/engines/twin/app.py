@@ -2,8 +2,12 @@
 like vLLM's so the gateway sits in front of it unchanged.
 
 Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streamed as SSE in
-vLLM's chunk format, ending with ``data: [DONE]``, or whole), ``GET /v1/models``,
-``GET /health`` and ``GET /metrics`` (vLLM's series where they mean the same, e.g.
+vLLM's chunk format, ending with ``data: [DONE]``, or whole), ``POST /v1/responses``
+(OpenAI's Responses API: ``responses_api``) and ``POST /v1/messages`` (Anthropic's:
+``messages_api``), each read as the chat request it stands for, as vLLM does;
+``POST /tokenize`` and ``/detokenize`` (on the synthetic tokens: ``synthetic_ids``),
+``GET /version``, ``GET /v1/models`` and ``/v1/models/{model}``, ``GET /health`` and
+``GET /metrics`` (vLLM's series where they mean the same, e.g.
 ``vllm:time_to_first_token_seconds``, plus ``agentmars_sim_*`` figures of the block
 pool: ``engines.twin.metrics``).
 
@@ -48,7 +52,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -57,6 +61,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from agentmars.sdk.events import MAX_COUNT
 from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard
 from agentmars.sdk.integrations.request import SESSION_HEADER
+from agentmars.server.engines.twin import messages_api, responses_api
 from agentmars.server.engines.twin.engine import (
     CallRequest,
     CallStream,
@@ -66,6 +71,7 @@ from agentmars.server.engines.twin.engine import (
 )
 from agentmars.server.engines.twin.metrics import TwinMetrics
 from agentmars.server.engines.twin.replies import (
+    WORDS,
     Reply,
     echoes,
     refuse_logprobs,
@@ -84,6 +90,8 @@ XARGS_INTS = (-(2**63), 2**64)
 """Integers ``vllm_xargs`` may carry (vLLM checks its ``extra_args`` so: its engine's
 MessagePack transport holds 64 bits)."""
 DEFAULT_MAX_TOKENS = 16
+VLLM_API_VERSION = "0.32.0"
+"""The vLLM whose API the twin answers as (``/version``)."""
 SURROGATE_SOURCE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 """What a UTF-8 body needs to hold a surrogate once parsed: a ``\\uD800``-``\\uDFFF``
 escape or such a code point's bytes (``json.loads`` lets both through). A body without
@@ -113,6 +121,18 @@ class ApiError(Exception):
 def synthetic_tokens(text: str) -> int:
     """Tokens of a text (at least one)."""
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def synthetic_ids(text: str) -> tuple[list[int], list[str]]:
+    """A text's synthetic tokens: its ``CHARS_PER_TOKEN``-character pieces and their ids.
+
+    NOTE: ours: the twin has no tokenizer. The count is the one its calls are charged
+    (``synthetic_tokens``); an id names one of the twin's vocabulary words (a piece's
+    code points summed, modulo the vocabulary), so ``/detokenize`` gives words back,
+    not the text."""
+    pieces = [text[i : i + CHARS_PER_TOKEN] for i in range(0, len(text), CHARS_PER_TOKEN)]
+    pieces = pieces or [""]
+    return [sum(map(ord, piece)) % len(WORDS) for piece in pieces], pieces
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -469,28 +489,42 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 
 async def _stream_events(
-    engine: LiveEngine, stream: CallStream, answer: Answer, usage: tuple[bool, bool]
+    stream: CallStream, answer: Answer, usage: tuple[bool, bool]
 ) -> AsyncIterator[bytes]:
-    """The SSE body; leaving early (the client disconnected) aborts the call."""
+    """The SSE body of a chat or completions answer."""
     final_usage, continuous = usage
-    try:
-        if answer.chat:
-            yield _sse(answer.chunk(None, None))
-        reply = answer.reply
-        async for index in stream.tokens():
-            last = index + 1 == reply.length
-            chunk = answer.chunk(index, reply.finish_reason if last else None)
-            yield _sse({**chunk, "usage": _usage(stream, index + 1)} if continuous else chunk)
-        if final_usage:
-            yield _sse(answer.usage_chunk(stream))
-        yield b"data: [DONE]\n\n"
-    finally:
-        if stream.status == "running":
-            engine.abort(stream)
+    if answer.chat:
+        yield _sse(answer.chunk(None, None))
+    reply = answer.reply
+    async for index in stream.tokens():
+        last = index + 1 == reply.length
+        chunk = answer.chunk(index, reply.finish_reason if last else None)
+        yield _sse({**chunk, "usage": _usage(stream, index + 1)} if continuous else chunk)
+    if final_usage:
+        yield _sse(answer.usage_chunk(stream))
+    yield b"data: [DONE]\n\n"
+
+
+def _streamed(engine: LiveEngine, stream: CallStream, events: AsyncIterator[bytes]) -> Response:
+    """An SSE answer; leaving early (the client disconnected) aborts the call."""
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for event in events:
+                yield event
+        finally:
+            if stream.status == "running":
+                engine.abort(stream)
+
+    return ClosingStreamingResponse(body(), media_type="text/event-stream")
+
+
+class WholeAnswer(Protocol):
+    def whole(self, stream: CallStream) -> dict[str, Any]: ...
 
 
 async def _whole(
-    engine: LiveEngine, request: Request, stream: CallStream, answer: Answer
+    engine: LiveEngine, request: Request, stream: CallStream, answer: WholeAnswer
 ) -> Response:
     async def drain() -> None:
         async for _ in stream.tokens():
@@ -513,6 +547,7 @@ def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
     model id (default: the profile's name)."""
     served = model or engine.profile.name
     metrics = TwinMetrics(engine, served)
+    stored = responses_api.ResponseStore()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -527,7 +562,7 @@ def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
 
     app = FastAPI(title="agentmars simulated engine", lifespan=lifespan)
 
-    async def complete(request: Request, *, chat: bool) -> Response:
+    async def checked_body(request: Request) -> dict[str, Any]:
         body = _json_object(await request.body())
         if not isinstance(body.get("model", ""), str):
             raise ApiError(400, "'model' must be a string", "model")
@@ -535,20 +570,29 @@ def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
             raise ApiError(400, "'stream' must be true or false", "stream")
         if body.get("model") not in (None, served):
             raise ApiError(404, f"The model `{body['model']}` does not exist.", "model")
-        limit = engine.profile.max_model_len
+        return body
+
+    def planned(
+        body: Mapping[str, Any], headers: Mapping[str, str], *, chat: bool
+    ) -> tuple[CallRequest, Reply]:
+        """The call a chat or completions body asks for, planned to end as its reply
+        does (``LiveError`` for a field the twin refuses)."""
+        call = call_request(body, headers, chat=chat, max_model_len=engine.profile.max_model_len)
+        reply = planned_reply(engine, body, call, chat=chat)
+        return replace(call, ends_after=reply.tokens, finish_reason=reply.finish_reason), reply
+
+    async def complete(request: Request, *, chat: bool) -> Response:
+        body = await checked_body(request)
         try:
-            call = call_request(body, request.headers, chat=chat, max_model_len=limit)
-            reply = planned_reply(engine, body, call, chat=chat)
+            call, reply = planned(body, request.headers, chat=chat)
             echo = _echo(body) if echoes(body, chat=chat) else ""
-            planned = replace(call, ends_after=reply.tokens, finish_reason=reply.finish_reason)
-            stream = engine.submit(planned)
+            stream = engine.submit(call)
         except LiveError as exc:
             raise ApiError(400, str(exc), exc.param) from None
         token_ids = body.get("return_token_ids") is True
         answer = Answer(served, reply, chat=chat, token_ids=token_ids, echo=echo)
         if body.get("stream"):
-            events = _stream_events(engine, stream, answer, _stream_usage(body))
-            return ClosingStreamingResponse(events, media_type="text/event-stream")
+            return _streamed(engine, stream, _stream_events(stream, answer, _stream_usage(body)))
         return await _whole(engine, request, stream, answer)
 
     @app.post("/v1/chat/completions")
@@ -561,10 +605,72 @@ def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
         """OpenAI text completions from the simulated engine."""
         return await complete(request, chat=False)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        """The one served model, with its context length."""
-        card = {
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        """OpenAI's Responses API from the simulated engine (``responses_api``)."""
+        body = await checked_body(request)
+        try:
+            chat = responses_api.as_chat(body, stored)
+            call, reply = planned(chat, request.headers, chat=True)
+            stream = engine.submit(call)
+        except responses_api.UnknownResponse as exc:
+            message = f"Response with id '{exc}' not found."
+            raise ApiError(404, message, "previous_response_id") from None
+        except LiveError as exc:
+            raise ApiError(400, str(exc), exc.param) from None
+        answer = responses_api.ResponsesAnswer(served, reply, chat, body, stored)
+        if body.get("stream"):
+            return _streamed(engine, stream, answer.events(stream))
+        return await _whole(engine, request, stream, answer)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        """Anthropic's Messages API from the simulated engine (``messages_api``)."""
+        try:
+            body = await checked_body(request)
+            chat = messages_api.as_chat(body)
+            call, reply = planned(chat, request.headers, chat=True)
+            stream = engine.submit(call)
+        except ApiError as exc:
+            return messages_api.error_response(exc.status, exc.message)
+        except LiveError as exc:
+            return messages_api.error_response(400, str(exc))
+        answer = messages_api.MessagesAnswer(served, reply, chat)
+        if body.get("stream"):
+            return _streamed(engine, stream, answer.events(stream))
+        return await _whole(engine, request, stream, answer)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        """vLLM's tokenizer route, on the twin's synthetic tokens (``synthetic_ids``)."""
+        body = await checked_body(request)
+        if "messages" in body:
+            text, _ = chat_prompt(body)
+        elif isinstance(body.get("prompt"), str):
+            text = body["prompt"]
+        else:
+            raise ApiError(400, "'prompt' must be a string, or give 'messages'", "prompt")
+        ids, pieces = synthetic_ids(text)
+        strs = pieces if body.get("return_token_strs") is True else None
+        limit = engine.profile.max_model_len
+        return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        """Token ids as the twin's vocabulary words (``replies.token_text``)."""
+        body = await checked_body(request)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(_is_int(t) and t >= 0 for t in tokens):
+            raise ApiError(400, "'tokens' must be a list of token ids >= 0", "tokens")
+        return {"prompt": "".join(token_text(token) for token in tokens)}
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        """The vLLM API version the twin answers as."""
+        return {"version": VLLM_API_VERSION}
+
+    def card() -> dict[str, Any]:
+        return {
             "id": served,
             "object": "model",
             "created": int(time.time()),
@@ -573,7 +679,18 @@ def create_live_app(engine: LiveEngine, *, model: str | None = None) -> FastAPI:
             "parent": None,
             "max_model_len": engine.profile.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        """The one served model, with its context length."""
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str) -> dict[str, Any]:
+        """The served model's card (``models.retrieve``); 404 for another."""
+        if model_id != served:
+            raise ApiError(404, f"The model `{model_id}` does not exist.", "model")
+        return card()
 
     @app.get("/health")
     async def health() -> Response:

@@ -10,13 +10,14 @@ twin runs a few turns and then ends:
 2. ``vllm_xargs.next_tool``, when offered: that tool (the script names it).
 3. From turn ``TOOL_TURNS`` of the session on (``vllm_xargs.turn``, else the session's
    calls so far; a call without a session is a first call): ``FINISH_TOOL`` when
-   offered (an OpenHands agent ends its conversation on it); else text, unless
-   ``expects_tool`` = 1 asked for a tool.
+   offered (an OpenHands agent ends its conversation on it); else text, which ends
+   an agent loop such as the OpenAI Agents SDK's or an Anthropic client's.
 4. Else the first offered tool other than ``FINISH_TOOL``.
 
 NOTE: ``expects_tool`` = 1 does not keep a session from finishing (step 3): the SDK
 and the gateway set it whenever tools are offered, so it says "a tool may come", not
-which. The arguments are ``schema_values.value_for`` the tool's ``parameters``.
+which (a script that wants one names it: step 2). The arguments are
+``schema_values.value_for`` the tool's ``parameters``.
 """
 
 from __future__ import annotations
@@ -103,10 +104,7 @@ def _auto_choice(tools: Mapping[str, object], hints: SessionHints) -> str | None
     if hints.next_tool in tools:
         return hints.next_tool
     if hints.turn >= TOOL_TURNS:
-        if FINISH_TOOL in tools:
-            return FINISH_TOOL
-        if not hints.expects_tool:
-            return None
+        return FINISH_TOOL if FINISH_TOOL in tools else None
     return _working_tool(tools)
 
 
