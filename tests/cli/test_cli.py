@@ -56,3 +56,12 @@ def test_bad_cli_input_exits_non_zero_without_traceback(tmp_path: Path) -> None:
         done = _run(*args)
         assert done.returncode == 2, args
         assert "Traceback" not in done.stderr
+
+
+def test_an_engine_that_is_not_offered_is_named_with_the_choices() -> None:
+    for command, choices in (("serve", "'vllm', 'sim'"), ("demo", "'twin', 'vllm'")):
+        done = _run(command, "--engine", "foo")
+        assert done.returncode == 2, done.stderr
+        said = " ".join(done.stderr.replace("│", " ").split())
+        assert f"Invalid value for '--engine': 'foo' is not one of {choices}." in said
+        assert "Value error" not in said and "Traceback" not in said

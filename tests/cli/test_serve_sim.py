@@ -100,7 +100,9 @@ def test_serve_sim_answers_through_the_gateway_and_stops_cleanly() -> None:
         # aborts the call and frees its blocks (the engine's URL is on the first line).
         engine = _engine_url(process)
         assert process.stdout is not None  # the next line: where the dashboard is
-        assert f"dashboard on {base}/dashboard#token=" in process.stdout.readline()
+        # A token the user chose is named, not echoed into logs.
+        said = process.stdout.readline()
+        assert f"dashboard on {base}/dashboard#token=$AGENTMARS_GATEWAY_TOKEN" in said
         body = {"model": "cpu-tiny", "prompt": "q" * 4000, "max_tokens": 2000, "stream": True}
         with httpx.stream("POST", base + "/v1/completions", json=body, headers=session):
             pass
@@ -159,6 +161,10 @@ def test_without_a_token_on_loopback_serve_makes_one_and_prints_it_once() -> Non
         assert "no $AGENTMARS_GATEWAY_TOKEN, so this gateway's token is" in line
         token = line.split("token is ")[1].split()[0]
         wait_for(base + "/healthz", process, timeout_s=30)
+        # The dashboard's address opens as it is printed: the made token in it.
+        assert process.stdout is not None
+        banner = [process.stdout.readline(), process.stdout.readline()]
+        assert banner[1].strip() == f"agentmars: dashboard on {base}/dashboard#token={token}"
         end = [SessionEnd(session_id="s9", source="sdk").model_dump(mode="json")]
         assert httpx.post(base + "/v1/events", json=end, timeout=5).status_code == 401
         bearer = {"Authorization": f"Bearer {token}"}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
@@ -36,6 +37,23 @@ app.add_typer(events_app, name="events")
 app.add_typer(sim_app, name="sim")
 
 
+Choice = TypeVar("Choice", bound=StrEnum)
+
+
+def one_of(choices: type[Choice]) -> Callable[[str], Choice]:
+    """An enum option's parser, whose refusal reads "'foo' is not one of 'vllm', 'sim'."
+    (typer 0.29's own starts "Value error, ")."""
+
+    def parse(value: str) -> Choice:
+        try:
+            return choices(value)
+        except ValueError:
+            named = ", ".join(repr(choice.value) for choice in choices)
+            raise typer.BadParameter(f"{value!r} is not one of {named}.") from None
+
+    return parse
+
+
 class DemoEngine(StrEnum):
     twin = "twin"
     vllm = "vllm"
@@ -59,7 +77,11 @@ def _demo_engine_files(
 @app.command()
 def demo(
     engine: Annotated[
-        DemoEngine, typer.Option(help="twin: the simulated engine, paced (no GPU); vllm: vLLM CPU.")
+        DemoEngine,
+        typer.Option(
+            parser=one_of(DemoEngine),
+            help="twin: the simulated engine, paced (no GPU); vllm: vLLM CPU.",
+        ),
     ] = DemoEngine.twin,
     out: Annotated[Path, typer.Option(help="Folder for results.json and the report.")] = Path(
         "out/demo"
@@ -286,7 +308,10 @@ def bench_plugin(
 @bench_app.command("replay")
 def bench_replay(
     engine: Annotated[
-        DemoEngine, typer.Option(help="twin: the simulated engine, paced; vllm: vLLM CPU.")
+        DemoEngine,
+        typer.Option(
+            parser=one_of(DemoEngine), help="twin: the simulated engine, paced; vllm: vLLM CPU."
+        ),
     ] = DemoEngine.twin,
     policies: Annotated[str, typer.Option(help="Comma-separated; the first is the base.")] = (
         "mars,fcfs,continuum"
@@ -947,7 +972,9 @@ def serve(
     model: Annotated[
         Path | None, typer.Option(help="Model directory (vllm; e.g. the tiny model's).")
     ] = None,
-    engine: Annotated[Engine, typer.Option(help="The engine behind the gateway.")] = Engine.vllm,
+    engine: Annotated[
+        Engine, typer.Option(parser=one_of(Engine), help="The engine behind the gateway.")
+    ] = Engine.vllm,
     profile: Annotated[
         str | None,
         typer.Option(

@@ -25,6 +25,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentmars.sdk.auth import GATEWAY_TOKEN_ENV
 from agentmars.sdk.otlp import traces_endpoint_from_env
 from agentmars.server.engines.vllm.launch import (
     CPU_BLOCK_SIZE,
@@ -155,13 +156,14 @@ def parse_cpu_list(text: str) -> list[int]:
     return cpus
 
 
-def announce(host: str, port: int, engine: str) -> None:
-    """The gateway's address (first line: scripts read it) and its dashboard's."""
+def announce(host: str, port: int, engine: str, token: str) -> None:
+    """The gateway's address (first line: scripts read it) and its dashboard's, to open
+    as it is: with the token when serve made it (it printed it already), with the
+    variable's name when the user set it (a chosen secret is not echoed into logs)."""
     print(f"agentmars: gateway on http://{host}:{port}, {engine}", flush=True)
-    print(
-        f"agentmars: dashboard on http://{host}:{port}/dashboard#token=<the gateway token>",
-        flush=True,
-    )
+    chosen = os.environ.get(GATEWAY_TOKEN_ENV) == token
+    shown = f"${GATEWAY_TOKEN_ENV}" if chosen else token
+    print(f"agentmars: dashboard on http://{host}:{port}/dashboard#token={shown}", flush=True)
 
 
 def stop_on_sigterm() -> None:
@@ -197,9 +199,8 @@ def serve(options: ServeOptions, listener: socket.socket) -> int:
             with serve_vllm_replicas(replicas) as urls:
                 gateway = _gateway_config(options, replicas, urls)
                 app = create_gateway_app(gateway)
-                engines = ", ".join(urls)
-                port = listener.getsockname()[1]
-                announce(options.host, port, f"engine{'s' * (len(urls) > 1)} {engines}")
+                engines = f"engine{'s' * (len(urls) > 1)} {', '.join(urls)}"
+                announce(options.host, listener.getsockname()[1], engines, options.token)
                 run_gateway(app, listener)
     except KeyboardInterrupt:
         pass

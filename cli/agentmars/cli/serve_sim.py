@@ -112,6 +112,7 @@ def serve_sim(options: SimServeOptions, listener: socket.socket) -> int:
                 options.host,
                 listener.getsockname()[1],
                 f"simulated engine ({engine.profile.name}, policy {options.policy}) {engine_url}",
+                options.token,
             )
             run_gateway(app, listener)
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from agentmars.server.policies.interface import AdmissionHalf, EngineHalf, Polic
 from agentmars.server.policies.justitia import Justitia
 from agentmars.server.policies.parrot import Parrot
 from agentmars.server.policies.registry import (
+    POLICY_MODULES,
     UnknownPolicy,
     describe_policy,
     make_policy,
@@ -182,9 +183,18 @@ def test_make_policy_builds_fresh_halves_each_call() -> None:
         assert one.engine() is not two.engine()
 
 
-def test_describe_policy_is_the_docstrings_first_line() -> None:
+def test_describe_policy_is_the_docstrings_first_sentence() -> None:
     first_line = "First come, first served: stock vLLM V1 (the baseline of every seed)."
     assert describe_policy("fcfs") == first_line
+    # Over lines, to its full stop, not one inside brackets ("(seed 000 §3-§4; ...)").
+    mars = describe_policy("mars")
+    assert mars.startswith("MARS: dual-pressure admission") and mars.endswith(
+        "tail guard in admission."
+    )
+    for name in [n for n in policy_names() if policy_class(n).__module__ in POLICY_MODULES]:
+        description = describe_policy(name)
+        assert description.endswith("."), (name, description)
+        assert "module docstring" not in description, name
 
 
 def test_a_name_cannot_be_taken_twice() -> None:

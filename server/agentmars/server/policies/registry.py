@@ -109,9 +109,17 @@ def make_policy(name: str, **settings: Any) -> Policy:
 
 
 def describe_policy(name: str) -> str:
-    """The first line of the policy's docstring."""
+    """The first sentence of the policy's docstring (its first paragraph, whose lines
+    are one text): a sentence ends at a full stop followed by a space or the end, and
+    not inside brackets."""
     doc = inspect.getdoc(policy_class(name)) or ""
-    return doc.splitlines()[0] if doc else ""
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    depth = 0
+    for index, char in enumerate(paragraph):
+        depth += (char in "([") - (char in ")]")
+        if char in ".!?" and depth == 0 and paragraph[index + 1 : index + 2] in ("", " "):
+            return paragraph[: index + 1]
+    return paragraph
 
 
 def require_positive_numbers(settings: Any) -> None:

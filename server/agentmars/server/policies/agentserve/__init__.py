@@ -49,7 +49,9 @@ from agentmars.server.policies.views import CallView, EngineView
 @register
 class AgentServe(Policy):
     """Seed 002's AgentServe: cold / resume / decode queues, a TPOT-driven resume budget
-    and decode SM reservation (module docstring; settings in ``settings``)."""
+    and decode SM reservation.
+
+    The module docstring says how; the settings are in ``settings``."""
 
     name = "agentserve"
     variant = (

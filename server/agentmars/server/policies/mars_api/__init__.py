@@ -46,7 +46,10 @@ from agentmars.server.policies.views import CallView, EngineView
 
 @register
 class MarsApi(Policy):
-    """Seed 001's scheduler (module docstring). ``starvation_threshold``: steps a call
+    """Seed 001's scheduler for API-augmented requests: calls ranked by their memory
+    over time, KV handled across API calls by the waste equations.
+
+    The module docstring says how. ``starvation_threshold``: steps a call
     may wait before it is starving (seed 001: 100). ``prediction_error``: the relative
     standard deviation of the Gaussian error multiplied into every prediction, for the
     misprediction study (0: none); ``error_seed`` seeds it."""

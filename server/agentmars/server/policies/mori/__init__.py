@@ -28,8 +28,9 @@ from agentmars.server.policies.registry import register, settings_signature
 
 @register
 class Mori(Policy):
-    """Seed 003's MORI: GPU / CPU / Waiting tiers by relative idleness (module docstring;
-    settings in ``settings``)."""
+    """Seed 003's MORI: GPU / CPU / Waiting tiers by relative idleness.
+
+    The module docstring says how; the settings are in ``settings``."""
 
     name = "mori"
     variant = (
