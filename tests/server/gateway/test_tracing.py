@@ -131,6 +131,14 @@ def test_errors(
     assert (span.attributes or {})["http.response.status_code"] == 404
     assert span.status.status_code is StatusCode.UNSET  # the client's error, not ours
     exporter.clear()
+    # The engine's 4xx (a bad max_tokens) is the client's error too: one rule for both.
+    refused = httpx.post(f"{traced.url}/v1/chat/completions", json={**chat(), "max_tokens": "x"})
+    assert refused.status_code == 400
+    (span,) = finished(exporter)
+    assert (span.attributes or {})["http.response.status_code"] == 400
+    assert span.status.status_code is StatusCode.UNSET
+    assert "error.type" not in (span.attributes or {})
+    exporter.clear()
     with make_gateway(f"http://127.0.0.1:{free_loopback_port()}", tracer_provider=provider) as down:
         reply = httpx.post(f"{down.url}/v1/chat/completions", json=chat(), timeout=10)
     assert reply.status_code == 503

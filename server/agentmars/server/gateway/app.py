@@ -402,8 +402,8 @@ async def _forward(
             response_id, meta.session_id
         )
 
-    def done(status: CallStatus, error: str | None) -> None:
-        tracing.call_ended(recorder.end(status, error))
+    def done(status: CallStatus, error: str | None, http_status: int | None = None) -> None:
+        tracing.call_ended(recorder.end(status, error), http_status)
         gateway.admission.leave(meta.session_id, session_over=status == "cancelled")
 
     ask_usage = stream_usage_to_ask(api, body)
@@ -420,7 +420,7 @@ async def _forward(
         done("cancelled", "the client disconnected")
         return Response(status_code=499)
     except GatewayError as exc:
-        done("error", exc.message)
+        done("error", exc.message, exc.status)
         raise
     headers = {TOOL_PRIORITY_HEADER: str(_tool_priority(gateway, meta))}
     if answer is None:
@@ -431,7 +431,7 @@ async def _forward(
             media_type=response.headers.get("content-type", "text/event-stream"),
         )
     if answer.status >= 400:
-        done("error", answer.content.decode(errors="replace")[:500])
+        done("error", answer.content.decode(errors="replace")[:500], answer.status)
         error = upstream_error(answer)
         error.headers.update(headers)
         return error

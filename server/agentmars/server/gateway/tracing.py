@@ -257,9 +257,12 @@ def admitted(policy: str, turn: int, wait_s: float) -> None:
     span.set_attributes({sc.ADMISSION_WAIT: wait_s, sc.ADMISSION_POLICY: policy, sc.TURN: turn})
 
 
-def call_ended(ended: LLMEnd | None) -> None:
+def call_ended(ended: LLMEnd | None, http_status: int | None = None) -> None:
     """The call's end as the gateway recorded it (its ``llm_end`` event; None: it was
-    recorded before)."""
+    recorded before), answered with ``http_status`` when it is an error answer. A 4xx
+    is the client's error, not the server's: the span's status stays unset and it has
+    no ``error.type`` (OpenTelemetry's HTTP conventions for server spans), as for the
+    gateway's own 4xx."""
     span = trace.get_current_span()
     if ended is None or not span.is_recording():
         return
@@ -273,4 +276,5 @@ def call_ended(ended: LLMEnd | None) -> None:
         sc.RESPONSE_MODEL: ended.response_model,
     }
     span.set_attributes({k: v for k, v in figures.items() if v is not None})
-    set_outcome(span, ended.status, ended.error)
+    if http_status is None or not 400 <= http_status < 500:
+        set_outcome(span, ended.status, ended.error)
