@@ -28,6 +28,23 @@ INTER_TOKEN_LATENCY_BUCKETS: tuple[float, ...] = (
     10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
 """vLLM's ``inter_token_latency`` family (``vllm:inter_token_latency_seconds``)."""
+ITERATION_TOKENS_BUCKETS: tuple[float, ...] = (
+    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+)  # fmt: skip
+"""vLLM's ``iteration_tokens`` family (``vllm:iteration_tokens_total``)."""
+
+
+def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's ``request_tokens`` family (``vllm:request_prompt_tokens`` ...): 1, 2, 5,
+    10, 20, 50 ... up to the context."""
+    buckets: list[float] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_model_len:
+                return tuple(buckets)
+            buckets.append(mantissa * scale)
+        scale *= 10
 
 
 def by_state(

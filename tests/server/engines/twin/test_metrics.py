@@ -35,6 +35,13 @@ VLLM_SERIES = {
     "vllm:time_to_first_token_seconds": "histogram",
     "vllm:e2e_request_latency_seconds": "histogram",
     "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:request_inference_time_seconds": "histogram",
+    "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:request_decode_time_seconds": "histogram",
+    "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram",
+    "vllm:iteration_tokens_total": "histogram",
     "vllm:cache_config_info": "gauge",
 }
 TOOLS = [
@@ -141,6 +148,25 @@ def test_the_series_follow_the_calls_served(twin_url: str) -> None:
     assert _value(twin_url, "vllm:e2e_request_latency_seconds_sum") >= output * 1e-3
     buckets = _samples(twin_url, "vllm:e2e_request_latency_seconds_bucket")
     assert [s.value for s in buckets if s.labels["le"] == "+Inf"] == [calls]
+    # Each call's phases, as vLLM splits them: waiting, then prefill and decode, which
+    # make up its running time; with the queue they make up its latency.
+    phases = {
+        phase: _value(twin_url, f"vllm:request_{phase}_time_seconds_sum")
+        for phase in ("queue", "prefill", "decode", "inference")
+    }
+    for phase in phases:
+        assert _value(twin_url, f"vllm:request_{phase}_time_seconds_count") == calls, phase
+    assert phases["inference"] == pytest.approx(phases["prefill"] + phases["decode"])
+    e2e = _value(twin_url, "vllm:e2e_request_latency_seconds_sum")
+    assert phases["queue"] + phases["inference"] == pytest.approx(e2e)
+    assert phases["decode"] >= (output - calls) * 1e-3  # a step a token after the first
+    assert _value(twin_url, "vllm:request_prompt_tokens_sum") == prompt
+    assert _value(twin_url, "vllm:request_generation_tokens_sum") == output
+    prompt_buckets = _samples(twin_url, "vllm:request_prompt_tokens_bucket")
+    assert [s.labels["le"] for s in prompt_buckets][:4] == ["1.0", "2.0", "5.0", "10.0"]
+    # Every step's tokens: the prompts' (nothing cached here: less than a block each),
+    # whose last step samples the first token, then one a step for each later token.
+    assert _value(twin_url, "vllm:iteration_tokens_total_sum") == prompt + output - calls
 
 
 def test_an_aborted_call_is_no_success(twin_url: str) -> None:

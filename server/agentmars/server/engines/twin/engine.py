@@ -144,6 +144,8 @@ class CallStream:
         self.finish_reason = request.finish_reason
         self.last_token_s = 0.0
         """When its latest token came (the engine's clock)."""
+        self.scheduled_s: float | None = None
+        """When its first step started (the engine's clock)."""
         self._queue: asyncio.Queue[bool] = asyncio.Queue()
 
     async def tokens(self) -> AsyncIterator[int]:
@@ -188,10 +190,32 @@ class LiveCounters:
     aborted: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class CallTimes:
+    """A finished call's latency and its phases, as vLLM's request metrics split them."""
+
+    e2e_s: float
+    """From its arrival to its last token."""
+    queue_s: float
+    """From its arrival to its first step (waiting)."""
+    prefill_s: float
+    """From its first step to its first token."""
+    decode_s: float
+    """From its first token to its last."""
+
+    @property
+    def inference_s(self) -> float:
+        """From its first step to its last token (running)."""
+        return self.prefill_s + self.decode_s
+
+
 class CallObserver:
-    """Told of each call's tokens as the engine produces them and of its end, with
-    vLLM's definitions of the latencies (``engines.twin.metrics`` turns them into vLLM's
-    histograms); this one ignores them."""
+    """Told of each step's tokens, of each call's tokens as the engine produces them
+    and of its end, with vLLM's definitions of the latencies (``engines.twin.metrics``
+    turns them into vLLM's histograms); this one ignores them."""
+
+    def stepped(self, tokens: int) -> None:
+        """A step computed ``tokens`` tokens (prompt and output, of every call in it)."""
 
     def first_token(self, call: Call, ttft_s: float) -> None:
         """The call's prefill is done: its first token came ``ttft_s`` after it did."""
@@ -199,9 +223,9 @@ class CallObserver:
     def next_token(self, call: Call, itl_s: float) -> None:
         """Another token came, ``itl_s`` after the call's previous one."""
 
-    def finished(self, call: Call, finish_reason: str, e2e_s: float) -> None:
-        """The call generated its last token, ``e2e_s`` after it came (not told of a
-        call aborted, as vLLM counts none)."""
+    def finished(self, call: Call, finish_reason: str, times: CallTimes) -> None:
+        """The call generated its last token (not told of a call aborted, as vLLM
+        counts none)."""
 
 
 def _digest(text: str) -> bytes:
@@ -503,6 +527,7 @@ class LiveEngine(KVEngineView, FollowsTools):
                 await self._idle()
                 continue
             duration = self.step_duration(step, started)
+            self._step_started(step, started)
             self._step_end_s = started + duration
             await asyncio.sleep(max(0.0, self._step_end_s - self.now))
             self._end_step(step, duration)
@@ -560,6 +585,14 @@ class LiveEngine(KVEngineView, FollowsTools):
             expiries[:] = [due for due in expiries if pins.get(due[2].session_id) is due[2]]
             heapq.heapify(expiries)
 
+    def _step_started(self, step: Step, started: float) -> None:
+        """Its calls' first step (for their queue time), and its tokens."""
+        for call, _ in step.batch:
+            stream = self._streams.get(call)
+            if stream is not None and stream.scheduled_s is None:
+                stream.scheduled_s = started
+        self.observer.stepped(sum(tokens for _, tokens in step.batch))
+
     def _end_step(self, step: Step, duration: float) -> None:
         self.counters.steps += 1
         settled = self.settle(step, duration)
@@ -604,8 +637,21 @@ class LiveEngine(KVEngineView, FollowsTools):
         pin = self.keep_or_free(call, decision, self.now)
         freed -= pin.blocks if pin is not None else 0
         self.counters.finished += 1
-        self.observer.finished(call, stream.finish_reason, max(self.now - call.arrival_s, 0.0))
+        self.observer.finished(call, stream.finish_reason, self._times(call, stream))
         self._call_over(call, stream, "finished", freed)
+
+    def _times(self, call: Call, stream: CallStream) -> CallTimes:
+        # A step may start before a call that joins it arrived (back to back, a step
+        # starts where the previous one was due to end): then it waited for nothing.
+        first_step = max(stream.scheduled_s or call.arrival_s, call.arrival_s)
+        first_token = max(call.record.first_token_s, first_step)
+        end = max(self.now, first_token)
+        return CallTimes(
+            e2e_s=end - call.arrival_s,
+            queue_s=first_step - call.arrival_s,
+            prefill_s=first_token - first_step,
+            decode_s=end - first_token,
+        )
 
     def _call_over(self, call: Call, stream: CallStream, status: str, freed: int) -> None:
         call.record.end_s = self.now

@@ -7,10 +7,15 @@ block pool and step loop have.
 As in vLLM: a call's first token is counted in ``vllm:time_to_first_token_seconds``
 (from its arrival) and its prompt in ``vllm:prompt_tokens_total`` (cached tokens
 included); each later token in ``vllm:inter_token_latency_seconds``; a call that
-generated its last token in ``vllm:request_success_total{finished_reason}`` and
-``vllm:e2e_request_latency_seconds``; an aborted call in none of them. A call that ends
-in a tool call finished with ``stop`` (the model's end of turn: its ``tool_calls`` is
-the API's reading of the text).
+generated its last token in ``vllm:request_success_total{finished_reason}``,
+``vllm:e2e_request_latency_seconds``, its phases' ``vllm:request_queue_time_seconds``
+(arrival to first step), ``_prefill_time_`` (first step to first token),
+``_decode_time_`` (first to last token) and ``_inference_time_seconds`` (first step to
+last token), and its tokens' ``vllm:request_prompt_tokens`` and
+``vllm:request_generation_tokens``; an aborted call in none of them. Each step's tokens
+go to ``vllm:iteration_tokens_total``. A call that ends in a tool call finished with
+``stop`` (the model's end of turn: its ``tool_calls`` is the API's reading of the
+text).
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agentmars.server.engines.twin.engine import CallObserver, LiveEngine
+from agentmars.server.engines.twin.engine import CallObserver, CallTimes, LiveEngine
 from agentmars.server.sim.entities import Call
 from agentmars.server.web.prometheus import (
     INTER_TOKEN_LATENCY_BUCKETS,
+    ITERATION_TOKENS_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
     TIME_TO_FIRST_TOKEN_BUCKETS,
     by_state,
+    request_tokens_buckets,
 )
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -62,6 +69,33 @@ class TwinMetrics(CallObserver):
             "Histogram of e2e request latency in seconds.",
             REQUEST_LATENCY_BUCKETS,
         )
+        self.phases = {
+            phase: histogram(
+                f"vllm:request_{phase}_time_seconds",
+                f"Histogram of time spent in {state} phase for request.",
+                REQUEST_LATENCY_BUCKETS,
+            )
+            for phase, state in (
+                ("queue", "WAITING"),
+                ("inference", "RUNNING"),
+                ("prefill", "PREFILL"),
+                ("decode", "DECODE"),
+            )
+        }
+        request_tokens = request_tokens_buckets(engine.profile.max_model_len)
+        self.request_prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", request_tokens
+        )
+        self.request_generation_tokens = histogram(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            request_tokens,
+        )
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            ITERATION_TOKENS_BUCKETS,
+        )
         prompt = Counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", ENGINE_LABELS,
             registry=self.registry,
@@ -84,10 +118,19 @@ class TwinMetrics(CallObserver):
     def next_token(self, call: Call, itl_s: float) -> None:
         self.itl.observe(itl_s)
 
-    def finished(self, call: Call, finish_reason: str, e2e_s: float) -> None:
+    def stepped(self, tokens: int) -> None:
+        self.iteration_tokens.observe(tokens)
+
+    def finished(self, call: Call, finish_reason: str, times: CallTimes) -> None:
         reason = "stop" if finish_reason == "tool_calls" else finish_reason
         self.success[reason].inc()
-        self.e2e.observe(e2e_s)
+        self.e2e.observe(times.e2e_s)
+        self.phases["queue"].observe(times.queue_s)
+        self.phases["inference"].observe(times.inference_s)
+        self.phases["prefill"].observe(times.prefill_s)
+        self.phases["decode"].observe(times.decode_s)
+        self.request_prompt_tokens.observe(call.prompt_tokens)
+        self.request_generation_tokens.observe(call.output_tokens)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
