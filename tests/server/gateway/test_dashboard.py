@@ -96,6 +96,11 @@ def test_a_snapshot_comes_every_second_and_follows_the_traffic(
     assert after.llm_calls["ok"] == 1 and after.ttft_s.count == 1
     assert after.ttft_s.p50 is not None and after.ttft_s.p50 >= 0.02  # the engine's 20 ms
     assert after.sessions == {"waiting": 0, "engine": 0, "tool": 0, "idle": 1}
+    # A call answered whole has no first token; its duration is counted all the same.
+    httpx.post(f"{gateway.url}/v1/chat/completions", json={**CHAT, "session_id": "s"})
+    (*_, whole) = feed.wait_for(len(feed.snapshots) + 1, timeout_s=5)
+    assert (whole.ttft_s.count, whole.llm_call_s.count) == (1, 2)
+    assert whole.llm_call_s.p50 is not None and whole.llm_call_s.p50 >= 0.02
 
 
 def test_an_open_feed_ends_when_the_gateway_stops(gateway: Gateway, feed: Feed) -> None:

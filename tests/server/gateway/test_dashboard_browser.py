@@ -244,6 +244,7 @@ GAUGES: dict[str, tuple[str, dict[str, str]]] = {
 """The page's integer fields and the series of ``/metrics`` that say the same."""
 HISTOGRAMS = {
     "ttft_s": "agentmars_llm_time_to_first_token_seconds",
+    "llm_call_s": "agentmars_llm_request_duration_seconds",
     "session_s": "agentmars_session_duration_seconds",
     "admission_wait_s": "agentmars_admission_wait_seconds",
 }

@@ -102,6 +102,10 @@ class OperatorSnapshot(BaseModel):
     """Cores for tools: busy (one a running call, as the policies' view counts them, at
     most all), idle."""
     ttft_s: Percentiles
+    """Streamed calls only (a call answered whole has no first token to time)."""
+    llm_call_s: Percentiles
+    """Every call, streamed or not, from its admission to its end (OpenHands does not
+    stream: its calls are only here)."""
     session_s: Percentiles
     admission_wait_s: Percentiles
     llm_calls: dict[str, int]
@@ -305,6 +309,7 @@ class OperatorState:
             tool_calls={"queued": view.queued_tools, "running": view.active_tools},
             tool_cores={"busy": busy, "idle": cores - busy},
             ttft_s=self.ttft.percentiles(),
+            llm_call_s=self.llm_duration.percentiles(),
             session_s=self.session_duration.percentiles(),
             admission_wait_s=self.admission_wait.percentiles(),
             llm_calls={
