@@ -340,6 +340,7 @@ def test_the_page_follows_a_replay_and_then_shows_what_metrics_says(
     assert max(int(fields["tool_calls.running"]) for fields in during) >= 1
     assert _drawn_above_the_axis(page, "sessions", "engine")
     assert _drawn_above_the_axis(page, "tools", "busy")
+    assert _drawn_above_the_axis(page, "tools", "ended")  # the calls ended each second
     assert page.evaluate("window.notReloaded") is True
 
     # Quiet after it: the page and /metrics say the same, the calls are the run's.

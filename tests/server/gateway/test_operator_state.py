@@ -3,7 +3,14 @@ reports it counts, its percentiles, and the bounds on what clients can make it h
 
 from __future__ import annotations
 
-from agentmars.sdk.events import LLMEnd, LLMFirstToken, SessionEnd, SessionStart, ToolStart
+from agentmars.sdk.events import (
+    LLMEnd,
+    LLMFirstToken,
+    SessionEnd,
+    SessionStart,
+    ToolEnd,
+    ToolStart,
+)
 from agentmars.sdk.tool_stats import MAX_TOOL_KINDS
 from agentmars.server.gateway.app import GatewayConfig, _build_gateway
 from agentmars.server.gateway.operator_state import OperatorState
@@ -52,6 +59,20 @@ def test_a_session_the_gateway_ended_lasts_until_its_last_activity() -> None:
     assert operator.snapshot().session_s.model_dump() == {
         "p50": 4.0, "p90": 4.0, "p99": 4.0, "count": 1,
     }  # fmt: skip
+
+
+def test_a_tool_between_two_snapshots_is_counted_ended() -> None:
+    # Issue 40: the dashboard missed tools shorter than its 1 s snapshot.
+    operator = _operator()
+    before = operator.snapshot()
+    for i in range(3):
+        tool = {"session_id": "s", "call_id": f"t{i}", "tool": "grep", "source": "sandbox"}
+        operator.observe(ToolStart(**tool))
+        operator.observe(ToolEnd(duration_s=0.05, **tool))
+        operator.observe(ToolEnd(duration_s=0.05, **{**tool, "source": "sdk"}))  # once
+    after = operator.snapshot()
+    assert (before.tool_calls_ended, after.tool_calls_ended) == (0, 3)
+    assert after.tool_calls["running"] == 0
 
 
 def test_tool_names_share_one_label_past_the_limit() -> None:

@@ -98,6 +98,10 @@ class OperatorSnapshot(BaseModel):
     """KV pins released so far, by reason (the vLLM plugin's figures only)."""
     tool_calls: dict[str, int]
     """Tool calls: queued, running."""
+    tool_calls_ended: int
+    """Tool calls ended since the gateway started: the dashboard draws how many end a
+    second, where a call shorter than the snapshots' second shows (it may never be
+    running when a snapshot is taken)."""
     tool_cores: dict[str, int]
     """Cores for tools: busy (one a running call, as the policies' view counts them, at
     most all), idle."""
@@ -308,6 +312,7 @@ class OperatorState:
             kv_pins_released=dict(kv.released) if kv is not None else {},
             tool_calls={"queued": view.queued_tools, "running": view.active_tools},
             tool_cores={"busy": busy, "idle": cores - busy},
+            tool_calls_ended=int(sum(v for _, v in _sample_values(self.tool_duration, "_count"))),
             ttft_s=self.ttft.percentiles(),
             llm_call_s=self.llm_duration.percentiles(),
             session_s=self.session_duration.percentiles(),

@@ -43,6 +43,8 @@ const CHARTS = {
       // Calls running is cores busy as long as there are cores for them: one line.
       ["queued", "calls queued", (s) => s.tool_calls.queued],
       ["busy", "cores busy", (s) => s.tool_cores.busy],
+      // Calls shorter than a snapshot's second never show as running: they show here.
+      ["ended", "calls ended / s", (s) => s.tool_calls_ended_per_s],
     ],
     top: (s) => sum(Object.values(s.tool_cores)),
   },
@@ -223,6 +225,10 @@ function drawCharts() {
 // --- the feed ------------------------------------------------------------------------
 
 function show(snapshot) {
+  const previous = seen[seen.length - 1];
+  const elapsed = previous ? snapshot.wall_s - previous.wall_s : 0;
+  snapshot.tool_calls_ended_per_s =
+    elapsed > 0 ? (snapshot.tool_calls_ended - previous.tool_calls_ended) / elapsed : 0;
   seen.push(snapshot);
   while (seen.length > 0 && seen[0].wall_s < snapshot.wall_s - HISTORY_S) seen.shift();
   lastAt = Date.now();
