@@ -111,6 +111,7 @@ def test_listings_name_every_registered_policy_and_workload() -> None:
     ("args", "message"),
     [
         (("--workload", "nope", "--rate", "1"), "unknown workload"),
+        (("--workload", "nope"), "unknown workload 'nope'"),  # before what it lacks
         (("--workload", "react", "--rate", "1", "--policies", "fcfs,nope"), "unknown policy"),
         (("--workload", "react", "--rate", "-1"), "positive rate"),
         (("--workload", "react", "--rate", "x"), "not a number"),

@@ -26,9 +26,10 @@ from agentmars.server.policies.registry import make_policy
 from agentmars.server.profiles.cost_model import Profile, load_profile
 from agentmars.server.sim.engine import SimConfig, SimEngine, isolated_sessions
 from agentmars.server.workloads.arrivals import rearrive
+from agentmars.server.workloads.errors import WorkloadError
 from agentmars.server.workloads.files import load_workload
 from agentmars.server.workloads.model import Workload
-from agentmars.server.workloads.registry import build_workload
+from agentmars.server.workloads.registry import build_workload, family
 
 _T = TypeVar("_T")
 
@@ -64,6 +65,11 @@ class SweepPlan:
         if self.rates and self.concurrency is not None:
             raise SweepError("give arrival rates or a closed-loop concurrency, not both")
         generated = [name for name in self.workloads if not is_workload_file(name)]
+        for name in generated:
+            try:
+                family(name)  # an unknown name is named as such, before what it lacks
+            except WorkloadError as error:
+                raise SweepError(str(error)) from None
         if generated and not self.rates and self.concurrency is None:
             raise SweepError(
                 f"{', '.join(generated)}: a generated workload needs arrival rates or a "
