@@ -45,7 +45,8 @@ typecheck: env
 	$(BIN)/mypy $(MYPY_CORE)
 
 # Two workers (pytest-xdist): the modules that start vLLM on one, in turn, every other
-# module on the other meanwhile (tests/conftest.py's scheduler).
+# module on the other meanwhile (tests/conftest.py's scheduler); the 40 slowest tests
+# are listed at the end, for the CI's time.
 TEST_WORKERS ?= 2
 
 # The real-engine tests (marked slow) run on the vLLM CPU environment, the OpenHands
@@ -55,7 +56,7 @@ TEST_WORKERS ?= 2
 pytest: env
 	py=$$(scripts/vllm-env.sh) && oh=$$(scripts/openhands-env.sh) && ray=$$(scripts/ray-env.sh) && \
 	  AGENTMARS_VLLM_PYTHON=$$py AGENTMARS_OPENHANDS_PYTHON=$$oh AGENTMARS_RAY_PYTHON=$$ray \
-	  $(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder
+	  $(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=40
 
 test: lint typecheck pytest
 

@@ -128,5 +128,6 @@ def assert_call_recorded(
         assert submit.mono_ns < first.mono_ns < end.mono_ns
         assert first.ttft_s >= LATENCY.first_token_s
         assert first.ttft_s < end.duration_s
-        # The first chunk can be read late (socket buffering), so allow one interval.
-        assert (end.mono_ns - first.mono_ns) / 1e9 >= LATENCY.per_token_s * (n_tokens - 2)
+        # NOTE: how long after the first token the end comes is not checked: on a loaded
+        # host the client reads the chunks late and together (the CI saw 10 ms where the
+        # server spaced them over 40).

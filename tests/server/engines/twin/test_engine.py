@@ -174,7 +174,9 @@ def test_a_session_whose_context_does_not_grow_starts_over() -> None:
 
 async def _finish_order(url: str) -> list[str]:
     """One call running alone (max_num_seqs 1); then x (a new session) and s (whose
-    previous call is pinned, under continuum) queue behind it, x first."""
+    previous call is pinned, under continuum) queue behind it, x first. Each is sent
+    once the engine shows the one before it running or waiting (a loaded host may hold
+    a task past any fixed sleep)."""
     order: list[str] = []
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
 
@@ -186,13 +188,24 @@ async def _finish_order(url: str) -> list[str]:
             assert reply.status_code == 200, reply.text
             order.append(name)
 
+        async def until(series: str, value: float) -> None:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                text = (await client.get("/metrics")).text
+                if any(f"{series}{{" in line and line.endswith(f" {value}") for line in
+                       text.splitlines()):  # fmt: skip
+                    return
+                await asyncio.sleep(0.002)
+            raise AssertionError(f"the engine never showed {series} = {value}")
+
         await call("s", "s", 2)
         order.clear()
-        blocker = asyncio.create_task(call("b", "b", 40))
-        await asyncio.sleep(0.05)
+        blocker = asyncio.create_task(call("b", "b", 400))
+        await until("vllm:num_requests_running", 1.0)
         later = [asyncio.create_task(call("x", "x", 2))]
-        await asyncio.sleep(0.02)
+        await until("vllm:num_requests_waiting", 1.0)
         later.append(asyncio.create_task(call("s", "s", 2)))
+        await until("vllm:num_requests_waiting", 2.0)
         await asyncio.gather(blocker, *later)
     return order
 
