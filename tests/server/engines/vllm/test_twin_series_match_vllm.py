@@ -22,7 +22,7 @@ from agentmars.server.profiles.cost_model import load_profile
 from agentmars.server.web.serving import serve_in_thread
 
 READ_VLLM = """
-import ast, json, pathlib
+import ast, json, pathlib, sys
 from vllm.v1.metrics import buckets
 source = pathlib.Path(buckets.__file__).with_name("loggers.py").read_text()
 kinds = {"_gauge_cls": "gauge", "_counter_cls": "counter", "_histogram_cls": "histogram"}
@@ -43,18 +43,21 @@ for node in ast.walk(ast.parse(source)):
         "extra_labels": [label.value for label in extra],
         "buckets": family.id.removesuffix("_buckets") if family is not None else None,
     }
-families = ("request_latency", "time_to_first_token", "inter_token_latency")
-print(json.dumps({
-    "series": series,
-    "buckets": {family: buckets.histogram_buckets(family) for family in families},
-}))
+families = ("request_latency", "time_to_first_token", "inter_token_latency", "iteration_tokens")
+found = {family: buckets.histogram_buckets(family) for family in families}
+# The token counts' buckets go up to the context (argv[1]: the twin's).
+context = int(sys.argv[1])
+found["request_tokens"] = buckets.histogram_buckets("request_tokens", max_model_len=context)
+print(json.dumps({"series": series, "buckets": found}))
 """
+PROFILE = "cpu-tiny"
 
 
 @pytest.fixture(scope="module")
 def vllm_series(vllm_python: Path) -> dict[str, Any]:
+    context = str(load_profile(PROFILE).max_model_len)
     done = subprocess.run(
-        [str(vllm_python), "-c", READ_VLLM], capture_output=True, text=True, timeout=300
+        [str(vllm_python), "-c", READ_VLLM, context], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
     read: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
@@ -63,7 +66,7 @@ def vllm_series(vllm_python: Path) -> dict[str, Any]:
 
 @pytest.fixture
 def twin_families() -> Iterator[dict[str, Any]]:
-    engine = LiveEngine(load_profile("cpu-tiny"), make_policy("fcfs"))
+    engine = LiveEngine(load_profile(PROFILE), make_policy("fcfs"))
     with serve_in_thread(create_live_app(engine)) as url:
         text = httpx.get(f"{url}/metrics", timeout=5).text
     yield {family.name: family for family in text_string_to_metric_families(text)}
