@@ -55,8 +55,9 @@ LATE_VLLM_MODULES = frozenset(
         "test_cpu_tier_order",
     )
 )
-"""Of those, the ones the second worker runs after every module without vLLM, while
-the first worker still runs the others (on cores 1 and 0: ``vllm_core``)."""
+"""Of those, the ones run last, after every module without vLLM, by the worker that ran
+those, while the other worker still runs the rest (each on its own core:
+``vllm_core``)."""
 assert LATE_VLLM_MODULES <= VLLM_MODULES, sorted(LATE_VLLM_MODULES - VLLM_MODULES)
 
 

@@ -161,6 +161,7 @@ class OperatorState:
         self.window: int | None = None
         self.feed = EventFeed(self._fold)
         self._tools = ToolKinds()
+        self.tool_calls_ended = 0
         self._started: OrderedDict[str, float] = OrderedDict()
         """Sessions' start, monotonic seconds."""
         self.admission_wait = Distribution(
@@ -263,6 +264,7 @@ class OperatorState:
             self.tool_queue_wait.labels(self._tools.kind(event.tool)).observe(event.queue_wait_s)
         elif event.kind == "tool_end":
             self.tool_duration.labels(self._tools.kind(event.tool)).observe(event.duration_s)
+            self.tool_calls_ended += 1
 
     def _admitted(self, session: WaitingSession) -> None:
         # The admission's clock is the view's, monotonic seconds as the events' mono_ns.
@@ -312,7 +314,7 @@ class OperatorState:
             kv_pins_released=dict(kv.released) if kv is not None else {},
             tool_calls={"queued": view.queued_tools, "running": view.active_tools},
             tool_cores={"busy": busy, "idle": cores - busy},
-            tool_calls_ended=int(sum(v for _, v in _sample_values(self.tool_duration, "_count"))),
+            tool_calls_ended=self.tool_calls_ended,
             ttft_s=self.ttft.percentiles(),
             llm_call_s=self.llm_duration.percentiles(),
             session_s=self.session_duration.percentiles(),

@@ -100,9 +100,9 @@ def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 30.0
 
 
 def vllm_core() -> str:
-    """The core this test process's vLLM servers keep to: 0, or 1 on ``make test``'s
-    second worker (gw1), which runs the vLLM modules tests/conftest.py puts last while
-    the first worker's run on core 0."""
+    """The core this test process's vLLM servers keep to: 1 on ``make test``'s second
+    worker (gw1), else 0, so that the vLLM modules the two workers run at once
+    (tests/conftest.py) never share a core."""
     return "1" if os.environ.get("PYTEST_XDIST_WORKER") == "gw1" else "0"
 
 
