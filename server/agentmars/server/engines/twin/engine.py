@@ -597,12 +597,14 @@ class LiveEngine(KVEngineView, FollowsTools):
         self.counters.steps += 1
         settled = self.settle(step, duration)
         self.counters.prompt_tokens += settled.prefill_tokens
+        # The tokens' times are the step's modelled end, not the timer's wake-up: a
+        # late step's lateness is made up by the next (``run``), so stamping it would
+        # shorten the next token's latency below its step's modelled duration.
         for call in settled.produced:
-            self._add_token(call)
+            self._add_token(call, self._step_end_s)
 
-    def _add_token(self, call: Call) -> None:
+    def _add_token(self, call: Call, now: float) -> None:
         stream = self._streams[call]
-        now = self.now
         if call.output_tokens == 0:
             call.record.first_token_s = now
             ttft = max(now - call.arrival_s, 0.0)
@@ -619,11 +621,11 @@ class LiveEngine(KVEngineView, FollowsTools):
             # max_tokens until now, and ``finished`` holds from here for everyone.
             call.max_tokens = call.output_tokens
         if call.finished:
-            self._finish_call(call, stream)
+            self._finish_call(call, stream, now)
 
     # --- finished calls ----------------------------------------------------------------
 
-    def _finish_call(self, call: Call, stream: CallStream) -> None:
+    def _finish_call(self, call: Call, stream: CallStream, last_token_s: float) -> None:
         self.scheduler.running.remove(call)
         del self._streams[call]
         # A call that named no session is a session of its own: nothing to keep for it.
@@ -637,15 +639,16 @@ class LiveEngine(KVEngineView, FollowsTools):
         pin = self.keep_or_free(call, decision, self.now)
         freed -= pin.blocks if pin is not None else 0
         self.counters.finished += 1
-        self.observer.finished(call, stream.finish_reason, self._times(call, stream))
+        times = self._times(call, stream, last_token_s)
+        self.observer.finished(call, stream.finish_reason, times)
         self._call_over(call, stream, "finished", freed)
 
-    def _times(self, call: Call, stream: CallStream) -> CallTimes:
+    def _times(self, call: Call, stream: CallStream, last_token_s: float) -> CallTimes:
         # A step may start before a call that joins it arrived (back to back, a step
         # starts where the previous one was due to end): then it waited for nothing.
         first_step = max(stream.scheduled_s or call.arrival_s, call.arrival_s)
         first_token = max(call.record.first_token_s, first_step)
-        end = max(self.now, first_token)
+        end = max(last_token_s, first_token)
         return CallTimes(
             e2e_s=end - call.arrival_s,
             queue_s=first_step - call.arrival_s,
