@@ -22,7 +22,7 @@ from agentmars.server.metrics.records import CallRecord, RunRecord
 from agentmars.server.policies.interface import Policy
 from agentmars.server.policies.registry import make_policy
 from agentmars.server.profiles.cost_model import FittedCost, Profile
-from agentmars.server.sim.engine import SimEngine
+from agentmars.server.sim.engine import SimConfig, SimEngine
 from agentmars.server.workloads.model import SessionSpec, ToolSpec, TurnSpec, Workload
 
 STEP_S = 0.01
@@ -71,12 +71,13 @@ def run(
     blocks: int = 8,
     max_num_seqs: int = 8,
     cpu_bandwidth: float = 1600.0,
+    config: SimConfig | None = None,
 ) -> RunRecord:
     """Run the sessions (open arrivals) under ``policy`` (an object or a registry name)."""
     chosen = make_policy(policy) if isinstance(policy, str) else policy
     workload = Workload(name="hand", sessions=sessions)
     engine_profile = profile(blocks=blocks, max_num_seqs=max_num_seqs, cpu_bandwidth=cpu_bandwidth)
-    return SimEngine(workload, chosen, engine_profile).run()
+    return SimEngine(workload, chosen, engine_profile, config).run()
 
 
 def calls(record: RunRecord, session_id: str) -> list[CallRecord]:

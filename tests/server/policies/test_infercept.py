@@ -4,13 +4,13 @@ wasteful first, a pin larger than what is left of the budget in part and the res
 the next steps), discard, or preserve.
 
 Seed 001's Figure 1 (FCFS 11.66, SJF 10.33, SJF-total 11, optimized 10 time units) is
-not reproduced as completion times: the figure itself is missing from the text, which
-gives neither R3's pre-API size nor the swap cost and budget; the example runs one
-request at a time with recomputation one token per time unit, while the simulated
-engine prefills a discarded context in one step; and its SJF / SJF-total / optimized
-orders are seed 001's own scheduler, not a baseline. What the text does fix -- R1
-preserved with 5 tokens over a 2-unit API, R2 discarded with 1 token over a 7-unit API
--- follows from the waste equations and is checked below.
+reproduced in the paper's own model of execution by test_mars_api_toy.py, not by the
+simulated engine: there a prompt holds KV, a displaced call's KV is freed and
+recomputed (vLLM's semantics), and a waiting call that does not fit stops the waiting
+pass, where the example needs none of the three (docs/results/seed-001.md). What the
+example fixes for InferCept -- R1 preserved with 5 tokens over a 2-unit API, R2
+discarded with 1 token over a 7-unit API -- follows from the waste equations and is
+checked below.
 """
 
 from __future__ import annotations

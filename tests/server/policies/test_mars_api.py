@@ -9,6 +9,7 @@ import pytest
 
 from agentmars.sdk.events import ToolEnd
 from agentmars.server.metrics.records import CallRecord
+from agentmars.server.metrics.summary import summarize
 from agentmars.server.policies.interface import Offload, Pin, Release
 from agentmars.server.policies.mars_api import MarsApi, MarsApiEngine
 from agentmars.server.policies.mars_api.handling import Handling, choose_handling
@@ -16,6 +17,7 @@ from agentmars.server.policies.mars_api.predictors import ApiPredictors, Predict
 from agentmars.server.policies.mars_api.ranking import memory_time
 from agentmars.server.policies.mars_api.starvation import StarvationGuard
 from agentmars.server.policies.registry import make_policy
+from agentmars.server.sim.engine import SimConfig
 from tests.server.policies.scenarios import calls, run, session, turn
 from tests.server.policies.views import EngineData, LinearCosts, call
 
@@ -229,6 +231,23 @@ def test_a_waiting_call_ranked_first_displaces_a_running_one() -> None:
     # Long's context is recomputed in the step that yields its 11th token, then its
     # 49 remaining tokens follow: 0.12 + 0.5 s.
     assert calls(ranked, "long")[0].end_s == pytest.approx(0.62)
+
+
+def test_a_displaced_call_s_kv_stays_pinned_when_the_engine_keeps_it() -> None:
+    # The scenario above. Long is displaced at 0.1 s with 25 tokens computed (16 of
+    # prompt, 9 of its 10 outputs): one full 16-token block. Freed, as vLLM frees it,
+    # the block stays in the prefix cache (nothing else needs it); kept, it is pinned
+    # until long is admitted again as short ends, at 0.12 s: 0.02 block-seconds. Either
+    # way long hits that block and recomputes the other 9 tokens, and ends at 0.62 s.
+    long = session("long", turn(16, 60), arrival_s=0.0)
+    short = session("short", turn(16, 2), arrival_s=0.095)
+    for keep, pinned_block_s in ((False, 0.0), (True, 0.02)):
+        ranked = run(
+            "mars-api", long, short, max_num_seqs=1, config=SimConfig(displaced_keep_kv=keep)
+        )
+        assert ranked.pinned_block_s == pytest.approx(pinned_block_s), keep
+        assert summarize(ranked).kv.recomputed_tokens == 9
+        assert calls(ranked, "long")[0].end_s == pytest.approx(0.62)
 
 
 def test_it_is_registered_and_checks_its_settings() -> None:

@@ -122,6 +122,11 @@ class SimConfig:
     side channel publishes at 10 Hz)."""
     max_virtual_s: float = 30 * 24 * 3600.0
     """Stop with an error past this virtual time (a policy that never finishes)."""
+    displaced_keep_kv: bool = False
+    """A running call that a preemptive policy's waiting call displaces keeps its full
+    blocks, pinned, while there is room (a later allocation drops the pin first), as
+    seed 001's Algorithm 1 implies; off, it is preempted as vLLM preempts, its KV freed
+    and recomputed (docs/results/seed-001.md measures both)."""
     replicas: int = 1
     """Engine replicas behind the gateway, each a whole engine of the profile (seed 003
     §6.2.2's DP=3); the host's tool cores are shared."""

@@ -70,6 +70,7 @@ class Replica(KVEngineView, FollowsTools):
             max_num_batched_tokens=self.config.max_num_batched_tokens
             or self.profile.max_num_batched_tokens,
             load_done_at=self._load_done_at,
+            displaced_keep_kv=self.config.displaced_keep_kv,
         )
         self.sessions = 0
         """Sessions placed here that have not ended."""

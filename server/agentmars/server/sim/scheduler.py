@@ -75,9 +75,10 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         load_done_at: Callable[[int], float],
+        displaced_keep_kv: bool = False,
     ) -> None:
         """``load_done_at(blocks)``: when a load of that many blocks from the CPU tier
-        started now would end."""
+        started now would end; ``displaced_keep_kv``: ``SimConfig``'s."""
         self.kv = kv
         self.policy = policy
         self.view = view
@@ -86,6 +87,7 @@ class Scheduler:
         self.running: list[Call] = []
         self.waiting: list[Call] = []
         self._load_done_at = load_done_at
+        self._displaced_keep_kv = displaced_keep_kv
         self.blocked: Callable[[Call], bool] | None = None
         """Calls not to schedule in this pass (set by an engine whose SM partition
         has a side busy or closed: ``sim.engine``); None: every call may run."""
@@ -190,6 +192,9 @@ class Scheduler:
                 if victim is None:
                     return
                 budget += self._unschedule(step, victim)
+                if self._displaced_keep_kv:
+                    self.kv.unpin(victim.session_id, "replaced")
+                    self.kv.pin(victim, now, None)
                 self.preempt(victim, now, step)
                 admitted = self._admit_unless_full(call, now, budget)
             if admitted:
