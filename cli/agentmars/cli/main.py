@@ -21,6 +21,26 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def load_policy_modules() -> None:
+    """Import the policy modules ``AGENTMARS_POLICY_MODULES`` names before any command,
+    so that a module that does not import stops every command with one clear error."""
+    from agentmars.server.policies.registry import (
+        PolicyModuleError,
+        extra_policy_modules,
+        policy_names,
+    )
+
+    try:
+        if extra_policy_modules():
+            policy_names()
+    except PolicyModuleError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
 bench_app = typer.Typer(
     help="Benchmarks: each prints its figure beside a baseline measured in the same run.",
     no_args_is_help=True,

@@ -2,7 +2,9 @@
 
 Each policy module registers its class with ``@register``; ``POLICY_MODULES`` lists the
 modules so that looking up a name imports them (once) without the caller knowing
-where a policy lives.
+where a policy lives. A policy kept outside the project is found the same way once its
+module is named in ``AGENTMARS_POLICY_MODULES`` (comma-separated, importable): every
+host reads it, the CLI, the gateway and the vLLM plugin (docs/writing-a-policy.md).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import dataclasses
 import importlib
 import inspect
 import math
+import os
 from typing import Any, TypeVar
 
 from agentmars.server.policies.interface import Policy
@@ -32,6 +35,8 @@ POLICY_MODULES = (
     "agentmars.server.policies.vllm_sjf",
 )
 
+POLICY_MODULES_ENV = "AGENTMARS_POLICY_MODULES"
+
 _registry: dict[str, type[Policy]] = {}
 P = TypeVar("P", bound=type[Policy])
 
@@ -51,9 +56,26 @@ def register(cls: P) -> P:
     return cls
 
 
+class PolicyModuleError(ValueError):
+    """A module named in ``AGENTMARS_POLICY_MODULES`` cannot be imported."""
+
+
+def extra_policy_modules() -> tuple[str, ...]:
+    """The modules ``AGENTMARS_POLICY_MODULES`` names, in order."""
+    names = os.environ.get(POLICY_MODULES_ENV, "").split(",")
+    return tuple(name.strip() for name in names if name.strip())
+
+
 def _load_all() -> None:
     for module in POLICY_MODULES:
         importlib.import_module(module)
+    for module in extra_policy_modules():
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise PolicyModuleError(
+                f"{POLICY_MODULES_ENV}: cannot import {module}: {error}"
+            ) from None
 
 
 def policy_names() -> list[str]:
