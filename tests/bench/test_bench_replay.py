@@ -73,7 +73,7 @@ def test_replay_on_the_twin_measures_each_policy_and_its_prediction(tmp_path: Pa
     cost = result.config["tool_cost_s"]
     assert 0 < cost["start"][1] <= cost["start"][0] + 0.1
     assert set(cost["by_kind"]) and all(wall > 0 for wall, _ in cost["by_kind"].values())
-    assert (out / "index.html").is_file() and (out / "latency_vs_load.png").is_file()
+    assert (out / "index.html").is_file() and (out / "timeline.png").is_file()
     assert "mars against the others" in done.stdout and "prediction" in done.stdout
     # The engine's own TTFT (its histogram) is part of the agents' one, not more.
     for run in measured:

@@ -31,8 +31,9 @@ def test_run_writes_results_table_and_report(tmp_path: Path) -> None:
         assert run.rate == 2.0 and run.summary.sessions == 6
         assert run.summary.goodput is not None  # T_ideal came from the isolated runs
     assert result.runs[0].summary.fairness is not None  # VTC was run, so fair ratios exist
-    for png in ("latency_vs_load.png",):
+    for png in ("ttft_by_turn-react.png", "goodput-react.png", "fairness-react.png"):
         assert (out / png).read_bytes().startswith(b"\x89PNG")
+    assert not (out / "latency_vs_load.png").exists()  # one rate: the headline says it
     assert "index.html" in {p.name for p in out.iterdir()}
     assert not [p for p in out.iterdir() if p.name.startswith(".partial")]
     assert "continuum" in done.stdout and "react at 2 sessions/s" in done.stdout

@@ -61,7 +61,13 @@ from agentmars.sdk.sinks.http import HttpSink
 from agentmars.server.engines.vllm.launch import CPU_BLOCK_SIZE
 from agentmars.server.metrics.records import RunRecord
 from agentmars.server.metrics.report import summary_table, write_report
-from agentmars.server.metrics.results import RunResult, SweepResult
+from agentmars.server.metrics.results import (
+    PREDICTED,
+    RunResult,
+    SweepResult,
+    is_prediction,
+    prediction_error,
+)
 from agentmars.server.metrics.summary import RunSummary, summarize
 from agentmars.server.policies.registry import make_policy
 from agentmars.server.profiles.cost_model import load_profile
@@ -71,8 +77,6 @@ from agentmars.server.workloads.registry import build_workload
 from agentmars.server.workloads.reshape import each_tool, first_turns, fit_context, scale_tools
 from agentmars.server.workloads.tool_kinds import canonical_kind
 
-PREDICTED = " (sim)"
-"""Suffix of the simulator's prediction of a policy's run in the results."""
 AGENTS = ("replay", "openhands")
 """The agent drivers ``--agents`` names (``ReplayPlan.agents``)."""
 TWIN_PROFILE = "cpu-tiny"
@@ -449,7 +453,9 @@ class ReplayOutput:
         for run in self.runs:
             measured, predicted = by_policy[run.policy], by_policy[run.policy + PREDICTED]
             if measured.latency_s is not None and predicted.latency_s is not None:
-                errors[run.policy] = predicted.latency_s.mean / measured.latency_s.mean - 1
+                errors[run.policy] = prediction_error(
+                    predicted.latency_s.mean, measured.latency_s.mean
+                )
         return errors
 
 
@@ -557,7 +563,10 @@ def publish_output(output: ReplayOutput, out: Path) -> Path | None:
     write_results(output, out)
     index = None
     if output.results.runs:
-        index = write_report(output.results.runs, out, config=output.results.config)[-1]
+        records = [record for run in output.runs for record in (run.record, run.predicted)]
+        index = write_report(
+            output.results.runs, out, config=output.results.config, records=records
+        )[-1]
     console = Console()
     console.print(runs_table(output))
     if output.runs:
@@ -627,7 +636,7 @@ def ttft_sides(output: ReplayOutput) -> str:
 def comparison_table(output: ReplayOutput) -> Table:
     """The first policy's mean and P95 latency against each other's, as measured (the
     first of those whose run ended; a failed run's row says so)."""
-    measured = {s.policy: s for s in output.summaries() if not s.policy.endswith(PREDICTED)}
+    measured = {s.policy: s for s in output.summaries() if not is_prediction(s.policy)}
     first = next(iter(measured))
     table = Table(title=f"{first} against the others (measured)")
     for column in ("policy", "mean latency s", "P95 latency s", f"{first} faster by (mean)"):

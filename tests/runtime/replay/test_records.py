@@ -134,6 +134,23 @@ def test_the_run_counts_finished_sessions_only() -> None:
     assert (record.total_blocks, record.block_size, record.tool_cores) == (64, 16, 1)
 
 
+def test_the_tools_cpu_time_is_the_sandbox_pools_or_not_measured() -> None:
+    # What the pool said each tool used, the unfinished session b's too (it held the
+    # core as much); a tool without the figure adds nothing; none at all: not measured.
+    run = two_sessions()
+    reported = [
+        event.model_copy(update={"cpu_time_s": 0.75}) if isinstance(event, ToolEnd) else event
+        for event in run.events
+    ]
+    b_tools = tool_call("b", "b-tool0", 0, (1.0, 1.0, 1.5)) + tool_call(
+        "b", "b-tool1", 1, (2, 2, 3)
+    )
+    b_tools[2] = b_tools[2].model_copy(update={"cpu_time_s": 0.25})
+    measured = run_record(run_of([*reported, *b_tools], run.outcomes), WORKLOAD, LABELS)
+    assert measured.tool_busy_core_s == pytest.approx(1.0)
+    assert run_record(run, WORKLOAD, LABELS).tool_busy_core_s is None
+
+
 def test_a_call_that_ended_in_error_is_not_a_record() -> None:
     events = [
         *llm_call("a", "a0-try", 0, (1.0, 1.1, 1.5), (100, 3, 0), status="error"),

@@ -58,8 +58,6 @@ def test_write_report_draws_pngs_and_an_index_that_shows_them(tmp_path: Path) ->
         "evictions-ILR-1.png",
         "goodput-ILR-1.png",
         "ttft_by_turn-w_2_b.png",
-        "evictions-w_2_b.png",
-        "goodput-w_2_b.png",
         "index.html",
     ]
     for png in written[:-1]:
@@ -68,9 +66,13 @@ def test_write_report_draws_pngs_and_an_index_that_shows_them(tmp_path: Path) ->
     index = (out / "index.html").read_text()
     assert set(re.findall(r'<img src="([^"]+)"', index)) == set(names[:-1])
     assert "<h2>w/2 &lt;b&gt;</h2>" in index
-    assert "&quot;h100&lt;x&gt;&quot;" in index  # the configuration, escaped
-    # the runs table: one row per run, with its rate and its mean latency
-    assert index.count("<tr>") == (1 + 2) + (1 + len(_sweep()))  # config, runs: header + rows
+    # w/2 <b> has no goodput (no T_ideal) and no evictions: those figures are left out
+    assert '<td class="text">profile</td><td class="text">h100&lt;x&gt;</td>' in index
+    assert '<td class="text">rates</td><td class="text">0.1, 0.2</td>' in index
+    # the headline (at each point with finished runs: a header and its policies), the
+    # configuration and the runs table: one row per run, with its rate and mean latency
+    headline = (1 + 2) * 2 + (1 + 1) * 2
+    assert index.count("<tr>") == headline + (1 + 2) + (1 + len(_sweep()))
     assert "<th>output<br>tok/s</th>" in index  # more columns than the terminal table
     assert (
         '<td class="text">ILR-1</td><td class="text">fcfs</td><td>0.2</td><td>1/1</td><td>6.00</td>'
@@ -104,11 +106,10 @@ def test_one_rate_is_drawn_as_points() -> None:
     assert (list(p95.get_ydata()), p95.get_marker()) == ([3.0], "s")
 
 
-def test_closed_loop_runs_leave_the_load_plot_empty_with_a_note() -> None:
-    ax = _axes()
-    report._draw_latency_vs_load(ax, [RunResult(rate=None, summary=_summary("mars", 3.0))], COLOURS)
-    assert ax.get_lines() == []
-    assert _notes(ax) == ["no open-loop run\nwith finished sessions"]
+def test_load_curves_need_two_open_loop_rates() -> None:
+    # ILR-1 at 0.1 and 0.2/s is drawn; w/2 <b> (one rate, and closed loop) is not
+    assert list(report._load_curves(_sweep(), report.LATENCY)) == ["ILR-1"]
+    assert report._load_curves(_sweep()[:1], report.LATENCY) == {}
 
 
 def test_no_evictions_leave_an_empty_plot_with_a_note() -> None:
@@ -231,7 +232,7 @@ def test_jct_columns_are_shown_when_a_run_has_agent_instances() -> None:
 def test_jct_against_load_is_drawn_when_runs_have_agent_instances(tmp_path: Path) -> None:
     branches = [session(f"t.{i}", 0, end, task_id="t") for i, end in enumerate((4.0, 6.0))]
     with_jct = RunResult(rate=0.1, summary=summarize(run(branches, duration_s=6.0)))
-    files = write_report([with_jct], tmp_path / "a")
+    files = write_report([with_jct, with_jct.model_copy(update={"rate": 0.2})], tmp_path / "a")
     assert tmp_path / "a" / "jct_vs_load.png" in files
     assert "jct_vs_load.png" in (tmp_path / "a" / "index.html").read_text()
     ax = _axes()

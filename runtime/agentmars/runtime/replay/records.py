@@ -8,7 +8,7 @@ tool's enqueue, start and end are the sandbox pool's. A session arrives when its
 starts; it is admitted (ours: the agents cannot see the gateway's admission) when its
 first call is submitted, so admission waits show in the first call's TTFT; it ends at
 its last call's end. The prefix-cache figures are the calls' cached prompt tokens over
-their prompt tokens.
+their prompt tokens. The tools' CPU time is the sandbox pool's ``cpu_time_s``.
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ def run_record(run: ReplayRun, workload: Workload, labels: RunLabels) -> RunReco
         prefix_hits=sum(call.cached_tokens for call in all_calls),
         # The agents see no evictions; the engines count them without their times.
         evictions=None,
+        tool_busy_core_s=_tool_cpu_s(run.events),
         unfinished=unfinished,
     )
 
@@ -143,6 +144,13 @@ def _tools(events: list[Event], seconds: Clock) -> list[ToolRecord]:
                 )
             )
     return sorted(tools, key=lambda tool: tool.turn)
+
+
+def _tool_cpu_s(events: list[Event]) -> float | None:
+    """The CPU time every tool of the run used, unfinished sessions' too (they held the
+    cores as much); None when no tool reported it."""
+    reported = [e.cpu_time_s for e in events if isinstance(e, ToolEnd) and e.cpu_time_s is not None]
+    return sum(reported) if reported else None
 
 
 AS_RUN_GROUP = "as-run"

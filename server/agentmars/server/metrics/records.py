@@ -127,8 +127,9 @@ class RunRecord:
     """Of those, tokens found."""
     pinned_block_s: float = 0.0
     """Sum over time of blocks held by pins (block-seconds)."""
-    tool_busy_core_s: float = 0.0
-    """CPU time the tools used (core-seconds)."""
+    tool_busy_core_s: float | None = 0.0
+    """CPU time the tools used (core-seconds); None: not measured (no tool reported
+    its CPU time)."""
     steps: int = 0
     """Engine steps (iterations of continuous batching)."""
     computed_tokens: int = 0

@@ -16,6 +16,21 @@ from agentmars.server.metrics.summary import RunSummary
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
+PREDICTED = " (sim)"
+"""Suffix of a run that is the simulator's prediction of the run of the policy it
+follows (``agentmars bench replay`` and ``agentmars demo``: ``mars (sim)`` beside
+``mars``)."""
+
+
+def is_prediction(policy: str) -> bool:
+    return policy.endswith(PREDICTED)
+
+
+def prediction_error(predicted: float, measured: float) -> float:
+    """How far the prediction was off, relative to the measured figure (+0.1: 10 % too
+    high)."""
+    return predicted / measured - 1
+
 
 class RunResult(BaseModel):
     """One run of one policy on one workload at one load."""

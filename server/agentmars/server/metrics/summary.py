@@ -438,7 +438,7 @@ def _cpu_summary(run: RunRecord, window: _Window | None) -> CPUSummary:
         active_tools=window.rate(busy_s) if window else None,
         core_utilisation=(
             window.rate(run.tool_busy_core_s) / run.tool_cores
-            if window and run.tool_cores > 0
+            if window and run.tool_cores > 0 and run.tool_busy_core_s is not None
             else None
         ),
     )
