@@ -16,6 +16,7 @@ import math
 from contextvars import ContextVar, Token
 from typing import Any, Literal, Self
 
+from agentmars.sdk import wire
 from agentmars.sdk.events import (
     MAX_COUNT,
     LLMEnd,
@@ -71,7 +72,7 @@ class Hints(Scope):
 
     def as_xargs(self) -> dict[str, str | float]:
         """The hints given, as ``vllm_xargs`` entries."""
-        given = {"next_tool": self.next_tool, "expected_tool_s": self.expected_tool_s}
+        given = {wire.NEXT_TOOL: self.next_tool, wire.EXPECTED_TOOL_S: self.expected_tool_s}
         return {name: value for name, value in given.items() if value is not None}
 
     def _open(self) -> None:

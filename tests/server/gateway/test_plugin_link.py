@@ -349,7 +349,7 @@ def test_an_event_queued_as_its_making_is_made_and_sent_by_the_publishers_thread
     # The plugin hands the side channel the making of each kv_pin / kv_unpin (made on
     # the scheduler's thread, they cost schedule() time): the publisher's thread makes
     # and sends it under the event topic, with the figures and time given when queued.
-    from agentmars.server.engines.vllm.kv_status import EVENT_TOPIC
+    from agentmars.sdk.wire import EVENT_TOPIC
 
     kv, _ = addresses
     publisher = KVStatusPublisher(lambda: _figures(10, 10), path=None, address=kv, hz=20)

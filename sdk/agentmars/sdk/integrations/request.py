@@ -41,16 +41,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from agentmars.sdk import wire
 from agentmars.sdk.calls import LLMCall, as_name, current_hints, read_field
 from agentmars.sdk.events import as_count
 from agentmars.sdk.scope import outcome_of
 from agentmars.sdk.session import current_session
+from agentmars.sdk.wire import SESSION_HEADER, TOOL_PRIORITY_HEADER
 
 Operation = Literal["chat", "text_completion"]
 IsStream = Callable[[Any], bool]
 TRACEPARENT = "traceparent"
-SESSION_HEADER = "X-Session-ID"
-TOOL_PRIORITY_HEADER = "X-Agentmars-Tool-Priority"
 TOOL_PRIORITY_BOUNDS = (-(2**31), 2**31 - 1)
 """The sandbox pool's (``agentmars.sandbox.admission``), so a remembered priority
 always goes to the pool as it is."""
@@ -202,7 +202,7 @@ def begin_call(
 def _hints(call: LLMCall) -> dict[str, str | float]:
     """The session's agent and task and the call's hints, those that are known."""
     assert call.session is not None
-    known = {"agent": call.session.agent, "task_id": call.session.task_id}
+    known = {wire.AGENT: call.session.agent, wire.TASK_ID: call.session.task_id}
     hints = {name: value for name, value in known.items() if value is not None}
     return {**hints, **(call.hints.as_xargs() if call.hints is not None else {})}
 
@@ -216,15 +216,15 @@ def inject_metadata(kwargs: dict[str, Any], call: LLMCall) -> None:
     if not any(name.lower() == TRACEPARENT for name in headers):
         headers.update(call.session.emitter.trace_headers(session_id, call.call_id))
     body = dict(kwargs.get("extra_body") or {})
-    body["session_id"] = session_id
-    body["vllm_xargs"] = {
+    body[wire.SESSION_ID] = session_id
+    body[wire.XARGS] = {
         **_hints(call),
-        **(body.get("vllm_xargs") or {}),
-        "session_id": session_id,
-        "call_id": call.call_id,
-        "turn": call.turn,
-        "follows_tool": int(call.follows_tool),
-        "expects_tool": int(call.expects_tool),
+        **(body.get(wire.XARGS) or {}),
+        wire.SESSION_ID: session_id,
+        wire.CALL_ID: call.call_id,
+        wire.TURN: call.turn,
+        wire.FOLLOWS_TOOL: int(call.follows_tool),
+        wire.EXPECTS_TOOL: int(call.expects_tool),
     }
     kwargs["extra_headers"] = headers
     kwargs["extra_body"] = body

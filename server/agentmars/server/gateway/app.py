@@ -38,8 +38,8 @@ from starlette.types import Receive, Scope, Send
 from agentmars.sdk.auth import GATEWAY_TOKEN_ENV
 from agentmars.sdk.events import MAX_COUNT, AnyEvent, SessionEnd, SessionMove
 from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard, guarded_server
-from agentmars.sdk.integrations.request import TOOL_PRIORITY_HEADER
 from agentmars.sdk.sinks.otel import tracer_provider_from_env
+from agentmars.sdk.wire import TOOL_PRIORITY_HEADER
 from agentmars.server.gateway import tracing
 from agentmars.server.gateway.admission import Admission
 from agentmars.server.gateway.call_meta import (

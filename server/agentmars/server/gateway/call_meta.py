@@ -20,8 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentmars.sdk.events import MAX_COUNT, MAX_SECONDS, new_id
-from agentmars.sdk.integrations.request import SESSION_HEADER
+from agentmars.sdk import wire
+from agentmars.sdk.events import new_id
+from agentmars.sdk.wire import SESSION_HEADER
 from agentmars.server.gateway.llm_apis import CHAT, LLMApi
 
 MAX_NAME = 256
@@ -185,23 +186,6 @@ def _continued_session_id(
     return (answers.session_of(previous) if answers is not None else None) or previous
 
 
-def _flag(xargs: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = xargs.get(name, default)
-    # vLLM's extra_args carry ints, so the SDK sends 0/1; bools are accepted too.
-    if value not in (0, 1) or isinstance(value, float):
-        raise BadRequest(f"vllm_xargs.{name} must be 0 or 1, got {value!r}")
-    return bool(value)
-
-
-def _turn(xargs: Mapping[str, Any]) -> int | None:
-    turn = xargs.get("turn")
-    if turn is None:
-        return None
-    if isinstance(turn, bool) or not isinstance(turn, int) or not 0 <= turn <= MAX_COUNT:
-        raise BadRequest(f"vllm_xargs.turn must be an integer from 0 to 2**53, got {turn!r:.80}")
-    return turn
-
-
 def _id(xargs: Mapping[str, Any], name: str) -> str | None:
     value = xargs.get(name)
     return None if value is None else _check_id(value, f"vllm_xargs.{name}")
@@ -217,20 +201,6 @@ def _name(xargs: Mapping[str, Any], name: str, *, min_length: int) -> str | None
             f"vllm_xargs.{name} must be {least} of at most {MAX_NAME} characters, got {value!r:.80}"
         )
     return value
-
-
-def _seconds(xargs: Mapping[str, Any], name: str) -> float | None:
-    value = xargs.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadRequest(f"vllm_xargs.{name} must be a number of seconds, got {value!r:.80}")
-    # Compared as it came: an integer past a float's range must not reach float().
-    if not 0 <= value <= MAX_SECONDS:
-        raise BadRequest(
-            f"vllm_xargs.{name} must be from 0 to {MAX_SECONDS:g} seconds, got {value!r:.80}"
-        )
-    return float(value)
 
 
 def call_metadata(
@@ -275,22 +245,29 @@ def call_metadata(
         or _foreign_session_id(headers, body, api)
         or _continued_session_id(body, api, answers)
     )
-    call_id = _id(xargs, "call_id") or new_id()
+    call_id = _id(xargs, wire.CALL_ID) or new_id()
     ephemeral = session_id is None and not api.stores_answer(body)
     if session_id is None:
         session_id = f"call-{new_id()}" if ephemeral else f"resp-{call_id}"
+    try:
+        turn = wire.turn(xargs)
+        follows_tool = wire.flag(xargs, wire.FOLLOWS_TOOL, api.follows_tool(body))
+        expects_tool = wire.flag(xargs, wire.EXPECTS_TOOL, api.tools_offered(body))
+        expected_tool_s = wire.seconds(xargs, wire.EXPECTED_TOOL_S)
+    except wire.HintError as error:
+        raise BadRequest(str(error)) from None
     return CallMeta(
         session_id=session_id,
         call_id=call_id,
-        turn=_turn(xargs),
-        follows_tool=_flag(xargs, "follows_tool", api.follows_tool(body)),
-        expects_tool=_flag(xargs, "expects_tool", api.tools_offered(body)),
+        turn=turn,
+        follows_tool=follows_tool,
+        expects_tool=expects_tool,
         # The SDK's own projection (characters / 4); 1 for a body with no prompt.
         prompt_tokens=api.prompt_tokens(body) or 1,
         ephemeral=ephemeral,
-        next_tool=_name(xargs, "next_tool", min_length=1),
-        expected_tool_s=_seconds(xargs, "expected_tool_s"),
-        agent=_name(xargs, "agent", min_length=0),
-        task_id=_id(xargs, "task_id"),
+        next_tool=_name(xargs, wire.NEXT_TOOL, min_length=1),
+        expected_tool_s=expected_tool_s,
+        agent=_name(xargs, wire.AGENT, min_length=0),
+        task_id=_id(xargs, wire.TASK_ID),
         prompt_text=api.prompt_text(body),
     )

@@ -28,7 +28,7 @@ from typing import Any
 import zmq
 
 from agentmars.sdk.events import AnyEvent, EventError, KVStats, decode_event
-from agentmars.server.engines.vllm.kv_status import EVENT_TOPIC, ZMQ_TOPIC
+from agentmars.sdk.wire import EVENT_TOPIC, KV_TOPIC
 
 log = logging.getLogger("agentmars.server")
 
@@ -65,7 +65,7 @@ class PluginLink:
             self._push.connect(self.hints_address)
         if self.kv_address:
             subscriber = self._context.socket(zmq.SUB)
-            subscriber.setsockopt(zmq.SUBSCRIBE, ZMQ_TOPIC)
+            subscriber.setsockopt(zmq.SUBSCRIBE, KV_TOPIC)
             subscriber.setsockopt(zmq.SUBSCRIBE, EVENT_TOPIC)
             subscriber.setsockopt(zmq.LINGER, 0)
             subscriber.connect(self.kv_address)
@@ -116,7 +116,7 @@ class PluginLink:
         except EventError as error:
             log.warning("agentmars: ignored a plugin message that is no event: %s", error)
             return
-        if topic == ZMQ_TOPIC and isinstance(event, KVStats):
+        if topic == KV_TOPIC and isinstance(event, KVStats):
             self._kv = event
         elif topic == EVENT_TOPIC:
             self._on_events([event])

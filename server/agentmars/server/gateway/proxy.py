@@ -29,7 +29,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from opentelemetry import propagate
 
-from agentmars.sdk.integrations.request import SESSION_HEADER
+from agentmars.sdk.wire import SESSION_HEADER
 from agentmars.server.gateway.call_meta import CallMeta
 from agentmars.server.gateway.events import CallRecorder, CallStatus
 from agentmars.server.gateway.llm_apis import LLMApi

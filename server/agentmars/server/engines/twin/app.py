@@ -58,9 +58,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agentmars.sdk.events import MAX_COUNT
+from agentmars.sdk import wire
 from agentmars.sdk.http_guard import COMPLETION_BODY_BYTES, RequestGuard
-from agentmars.sdk.integrations.request import SESSION_HEADER
+from agentmars.sdk.wire import SESSION_HEADER
 from agentmars.server.engines.twin import messages_api, responses_api
 from agentmars.server.engines.twin.engine import (
     CallRequest,
@@ -286,44 +286,6 @@ def _session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | No
     return _name(named or None, "session_id")
 
 
-def _flag(xargs: Mapping[str, Any], name: str) -> bool:
-    value = xargs.get(name, False)
-    # As the gateway reads them (call_metadata): vLLM's extra_args carry ints, so 0/1.
-    if isinstance(value, float) or value not in (0, 1):
-        raise ApiError(400, f"vllm_xargs.{name} must be 0 or 1, got {value!r:.80}", "vllm_xargs")
-    return bool(value)
-
-
-def _turn(xargs: Mapping[str, Any]) -> int | None:
-    turn = xargs.get("turn")
-    if turn is not None and (not _is_int(turn) or not 0 <= turn <= MAX_COUNT):
-        raise ApiError(
-            400,
-            f"vllm_xargs.turn must be an integer from 0 to 2**53, got {turn!r:.80}",
-            "vllm_xargs",
-        )
-    return turn
-
-
-def _seconds(xargs: Mapping[str, Any], name: str) -> float | None:
-    """A duration hint: a finite number >= 0 (NaN, infinities and numbers beyond a
-    float, such as 10**400, are refused)."""
-    value = xargs.get(name)
-    if value is None:
-        return None
-    seconds = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        with contextlib.suppress(OverflowError):
-            seconds = float(value)
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        raise ApiError(
-            400,
-            f"vllm_xargs.{name} must be a finite number of seconds >= 0, got {value!r:.80}",
-            "vllm_xargs",
-        )
-    return seconds
-
-
 def call_request(
     body: Mapping[str, Any], headers: Mapping[str, str], *, chat: bool, max_model_len: int
 ) -> CallRequest:
@@ -333,27 +295,34 @@ def call_request(
     max_tokens = _max_tokens(body, max_model_len)
     prompt, tokens = chat_prompt(body) if chat else completion_prompt(body)
     xargs = _xargs(body)
-    next_tool = xargs.get("next_tool")
+    next_tool = xargs.get(wire.NEXT_TOOL)
+    try:
+        turn = wire.turn(xargs)
+        follows_tool = wire.flag(xargs, wire.FOLLOWS_TOOL)
+        expects_tool = wire.flag(xargs, wire.EXPECTS_TOOL)
+        expected_tool_s = wire.seconds(xargs, wire.EXPECTED_TOOL_S)
+    except wire.HintError as error:
+        raise ApiError(400, str(error), wire.XARGS) from None
     return CallRequest(
         prompt=prompt,
         prompt_tokens=tokens,
         max_tokens=max_tokens,
         session_id=_session_id(body, headers),
-        turn=_turn(xargs),
-        follows_tool=_flag(xargs, "follows_tool"),
-        expects_tool=_flag(xargs, "expects_tool"),
+        turn=turn,
+        follows_tool=follows_tool,
+        expects_tool=expects_tool,
         next_tool=_name(next_tool, "vllm_xargs.next_tool", empty=True) if next_tool else None,
-        expected_tool_s=_seconds(xargs, "expected_tool_s"),
-        agent=_name(xargs.get("agent"), "vllm_xargs.agent", empty=True) or "",
-        task_id=_name(xargs.get("task_id"), "vllm_xargs.task_id", empty=True),
-        call_id=_name(xargs.get("call_id"), "vllm_xargs.call_id", empty=True),
+        expected_tool_s=expected_tool_s,
+        agent=_name(xargs.get(wire.AGENT), "vllm_xargs.agent", empty=True) or "",
+        task_id=_name(xargs.get(wire.TASK_ID), "vllm_xargs.task_id", empty=True),
+        call_id=_name(xargs.get(wire.CALL_ID), "vllm_xargs.call_id", empty=True),
     )
 
 
 def _session_hints(engine: LiveEngine, body: Mapping[str, Any], call: CallRequest) -> SessionHints:
     """What the call's session metadata says of its answer (``expects_tool`` None when
     the client did not say)."""
-    said = "expects_tool" in _xargs(body)
+    said = wire.EXPECTS_TOOL in _xargs(body)
     expects = call.expects_tool if said else None
     return SessionHints(engine.next_turn(call), expects, call.next_tool)
 

@@ -25,13 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from agentmars.sdk.events import AnyEvent, Event, KVStats
+from agentmars.sdk.wire import EVENT_TOPIC, KV_TOPIC
 
 logger = logging.getLogger("vllm.agentmars.kv_status")
 
-ZMQ_TOPIC = b"agentmars.kv"
-"""The topic frame of the KV figures' messages (the second frame: a ``kv_stats`` event)."""
-EVENT_TOPIC = b"agentmars.event"
-"""The topic frame of the engine half's events (the second frame: the event's JSON)."""
 
 Snapshot = Callable[[], KVStats]
 
@@ -119,7 +116,7 @@ class KVStatusPublisher:
                 )
                 self._path = None
         if self._socket is not None:
-            self._socket.send_multipart([ZMQ_TOPIC, payload.encode()])
+            self._socket.send_multipart([KV_TOPIC, payload.encode()])
 
     @property
     def running(self) -> bool:

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
+from agentmars.sdk import wire
 from agentmars.server.engines.vllm.pins import Pin, PinTable
 from agentmars.server.policies.tool_activity import FollowsTools, ToolActivity
 
@@ -39,7 +40,7 @@ def _xargs(request: Any) -> Mapping[str, Any]:
 
 
 def _named_session(xargs: Mapping[str, Any], request: Any) -> str | None:
-    named = xargs.get("session_id") or request.session_id
+    named = xargs.get(wire.SESSION_ID) or request.session_id
     return str(named) if named else None
 
 
@@ -86,7 +87,7 @@ class RequestCall:
         self._xargs = _xargs(request)
         # Read once (a view lives as long as its request): policies ask for these at
         # every step (MARS's chunk compares call ids for every prefill).
-        named = self._xargs.get("call_id")
+        named = self._xargs.get(wire.CALL_ID)
         # The SDK's and the gateway's id of the call, when the gateway forwarded it.
         self.call_id: str = str(named) if named else str(request.request_id)
         self.session_id: str = _named_session(self._xargs, request) or self.call_id
@@ -94,7 +95,7 @@ class RequestCall:
 
     @property
     def turn(self) -> int:
-        return int(self._xargs.get("turn", 0))
+        return int(self._xargs.get(wire.TURN, 0))
 
     @property
     def arrival_s(self) -> float:
@@ -137,29 +138,29 @@ class RequestCall:
 
     @property
     def follows_tool(self) -> bool:
-        return bool(self._xargs.get("follows_tool", False))
+        return bool(self._xargs.get(wire.FOLLOWS_TOOL, False))
 
     @property
     def expects_tool(self) -> bool:
-        return bool(self._xargs.get("expects_tool", False))
+        return bool(self._xargs.get(wire.EXPECTS_TOOL, False))
 
     @property
     def next_tool(self) -> str | None:
-        tool = self._xargs.get("next_tool")
+        tool = self._xargs.get(wire.NEXT_TOOL)
         return str(tool) if tool else None
 
     @property
     def expected_tool_s(self) -> float | None:
-        seconds = self._xargs.get("expected_tool_s")
+        seconds = self._xargs.get(wire.EXPECTED_TOOL_S)
         return float(seconds) if isinstance(seconds, int | float) else None
 
     @property
     def agent(self) -> str:
-        return str(self._xargs.get("agent", ""))
+        return str(self._xargs.get(wire.AGENT, ""))
 
     @property
     def task_id(self) -> str:
-        task = self._xargs.get("task_id")
+        task = self._xargs.get(wire.TASK_ID)
         return str(task) if task else self.session_id
 
 
