@@ -81,6 +81,19 @@ def test_a_measured_runs_core_utilisation_is_its_tools_cpu_time(
         assert _cells(html, "ilr-1", run.policy)[column] == f"{utilisation:.0%}"
 
 
+def test_a_measured_sessions_admission_is_the_gateways(
+    replayed: tuple[ReplayOutput, Path],
+) -> None:
+    output, _ = replayed
+    for run in output.runs:
+        for session in run.record.sessions:
+            first = session.calls[0]
+            # Stamped by the gateway as the call left admission: after the agent sent
+            # it, before its first token (without the gateway's stream it would be the
+            # agent's own submit).
+            assert first.submit_s < session.admitted_s <= first.first_token_s, session
+
+
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=MISSING)
 def test_the_page_renders_in_chromium_without_errors(replayed: tuple[ReplayOutput, Path]) -> None:
     _, index = replayed

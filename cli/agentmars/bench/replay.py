@@ -44,6 +44,7 @@ from agentmars.bench.session_mix import (
     pinned,
     served,
 )
+from agentmars.runtime.replay.admissions import GatewayAdmissions
 from agentmars.runtime.replay.agent import (
     ReplayAgents,
     ReplayOptions,
@@ -363,13 +364,18 @@ async def _replay(
         sink = HttpSink(gateway + EVENTS_PATH, token=TOKEN, flush_interval_s=SINK_FLUSH_INTERVAL_S)
         events = MemorySink()
         try:
-            async with SandboxPool(config, emitter=Emitter([events, sink])) as pool:
+            async with (
+                SandboxPool(config, emitter=Emitter([events, sink])) as pool,
+                GatewayAdmissions(gateway, TOKEN) as admissions,
+            ):
                 driver = _agents(agents, gateway, pool, sink, events, ReplayOptions(model=model))
                 try:
                     report = None if on_done is None else _bind(on_done, policy)
-                    return await driver.run(workload, report)
+                    run = await driver.run(workload, report)
                 finally:
                     await driver.close()
+                run.admitted_ns = admissions.admitted_ns
+                return run
         finally:
             sink.close()
 

@@ -119,6 +119,16 @@ def test_a_finished_session_is_recorded_from_its_events() -> None:
     assert session.tools == [ToolRecord(turn=0, kind="bash", enqueue_s=2.1, start_s=2.2, end_s=3.0)]
 
 
+def test_a_session_is_admitted_when_the_gateway_says_so() -> None:
+    # Read from the gateway's stream: session a waited from its first call's submit
+    # (1.0 s) until 1.1 s; without a reading, its admission is that submit.
+    run = two_sessions()
+    run.admitted_ns = {"a": at(1.1)}
+    (session,) = run_record(run, WORKLOAD, LABELS).sessions
+    assert session.admitted_s == pytest.approx(1.1)
+    assert session.calls[0].submit_s == pytest.approx(1.0)
+
+
 def test_the_run_counts_finished_sessions_only() -> None:
     record = run_record(two_sessions(), WORKLOAD, LABELS)
     assert record.unfinished == ["b"]

@@ -78,6 +78,8 @@ class ReplayRun:
     start_ns: int
     outcomes: list[SessionOutcome] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    admitted_ns: dict[str, int] = field(default_factory=dict)
+    """When the gateway admitted each session, where it was read (``admissions``)."""
 
     @property
     def failed(self) -> list[SessionOutcome]:

@@ -67,7 +67,7 @@ def run_record(run: ReplayRun, workload: Workload, labels: RunLabels) -> RunReco
                 session_id=outcome.session_id,
                 agent=spec.agent,
                 arrival_s=seconds(outcome.arrival_ns),
-                admitted_s=calls[0].submit_s,
+                admitted_s=_admitted_s(run, outcome.session_id, calls[0], seconds),
                 end_s=calls[-1].end_s,
                 calls=calls,
                 tools=_tools(by_session[outcome.session_id], seconds),
@@ -92,6 +92,13 @@ def run_record(run: ReplayRun, workload: Workload, labels: RunLabels) -> RunReco
         tool_busy_core_s=_tool_cpu_s(run.events),
         unfinished=unfinished,
     )
+
+
+def _admitted_s(run: ReplayRun, session_id: str, first: CallRecord, seconds: Clock) -> float:
+    """When the gateway let the session in, read from its stream; without that, its
+    first call's submit (no wait for admission seen)."""
+    admitted_ns = run.admitted_ns.get(session_id)
+    return first.submit_s if admitted_ns is None else seconds(admitted_ns)
 
 
 def _calls(events: list[Event], seconds: Clock) -> list[CallRecord]:

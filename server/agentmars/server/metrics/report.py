@@ -68,8 +68,9 @@ prompt's prefill)."""
 
 
 _MEASURED_ADMISSION = (
-    "A measured run's agents do not see the gateway's admission: there, a session's "
-    "wait for it is part of its first call's wait for its first token."
+    "In a measured run, a session's admission is when the gateway's event stream showed "
+    "its first call leave admission for the engine; the wait for the first token "
+    "counts from then."
 )
 
 
@@ -530,7 +531,10 @@ def _timeline_sessions(records: Sequence[RunRecord]) -> list[str]:
 def _draw_session(ax: Axes, row: int, session: SessionRecord) -> None:
     spans: dict[str, list[tuple[float, float]]] = {
         "admission wait": [(session.arrival_s, session.admitted_s)],
-        "LLM: to 1st token": [(c.submit_s, c.first_token_s) for c in session.calls],
+        # A session's first call waits for its admission before the engine sees it.
+        "LLM: to 1st token": [
+            (max(c.submit_s, session.admitted_s), c.first_token_s) for c in session.calls
+        ],
         "LLM: generating": [(c.first_token_s, c.end_s) for c in session.calls],
         "tool: queued": [(t.enqueue_s, t.start_s) for t in session.tools],
         "tool: running": [(t.start_s, t.end_s) for t in session.tools],
