@@ -11,10 +11,10 @@ from agentmars.server.policies.capabilities import Capability
 from agentmars.server.policies.instances import Instances
 from agentmars.server.policies.interface import EngineHalf, SortKey
 from agentmars.server.policies.justitia import Justitia
-from agentmars.server.policies.justitia.cost import kv_token_time
 from agentmars.server.policies.justitia.scheduler import AnnouncedCosts
 from agentmars.server.policies.registry import register
 from agentmars.server.policies.views import CallView, EngineView
+from agentmars.server.workloads.kv_cost import kv_token_time
 
 
 @register

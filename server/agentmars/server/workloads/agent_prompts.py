@@ -8,7 +8,7 @@ outputs scaled by the instruction's factor), then writes its input text from the
 draw; every session of the agent carries the text as ``SessionSpec.input_text``. A
 predictor sample is ``(agent class, the agent's input text, its KV token-time)``:
 the cost is the sum of the agent's inferences' ``p*d + d^2/2`` (§4.1,
-``policies.justitia.cost``), and as the text is written from the draw, what the
+``workloads.kv_cost``), and as the text is written from the draw, what the
 input names is what the agent will do:
 
 - one numbered item per branch where the branches are items of the input (the
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentmars.server.policies.justitia.cost import agent_cost
+from agentmars.server.workloads.kv_cost import agent_cost
 from agentmars.server.workloads.model import SessionSpec
 from agentmars.server.workloads.task_parallel import (
     AGENT_CLASSES,

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from agentmars.sdk.events import MAX_COUNT, AnyEvent, LLMEnd, TaskCost
 from agentmars.server.policies.instances import Instances
 from agentmars.server.policies.interface import AdmissionHalf
-from agentmars.server.policies.justitia.cost import kv_token_time
 from agentmars.server.policies.justitia.predictor import CostPredictor
 from agentmars.server.policies.views import AdmissionView, SessionView
 from agentmars.server.workloads.agent_prompts import sample_mix
+from agentmars.server.workloads.kv_cost import kv_token_time
 
 UNNAMED = "unnamed"
 MAX_AGENT_TYPES = 256

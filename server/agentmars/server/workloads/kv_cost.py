@@ -4,8 +4,9 @@ token, so its cost is the KV token-time ``sum_{i=1..d} (p + i) = p*d + d^2/2`` (
 paper's closed form, which drops the sum's ``d/2``; kept as published so that costs
 compare with its figures). An agent's cost is the sum over its inferences.
 
-VTC's compute-centric cost, ``p + 2d`` (Sheng et al.; Justitia/C's ablation, §5.4),
-is beside it for the comparison.
+It is a property of an inference's token sizes, so it lives with the workloads: the
+task-parallel workloads label their agents with it (``agent_prompts``), and Justitia
+and SRJF predict and count it.
 """
 
 from __future__ import annotations
@@ -23,8 +24,3 @@ def kv_token_time(prompt_tokens: float, output_tokens: float) -> float:
 def agent_cost(inferences: Iterable[tuple[float, float]]) -> float:
     """An agent's KV token-time: the sum over its ``(prompt, output)`` inferences."""
     return sum(kv_token_time(prompt, output) for prompt, output in inferences)
-
-
-def compute_centric_cost(prompt_tokens: float, output_tokens: float) -> float:
-    """VTC's cost of one inference, ``p + 2d`` (Justitia/C's)."""
-    return prompt_tokens + 2 * output_tokens
