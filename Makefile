@@ -10,7 +10,7 @@ PYTHON  ?= $(shell scripts/find-python.sh)
 MYPY_CORE := sdk/agentmars/sdk sandbox/agentmars/sandbox server/agentmars/server runtime/agentmars/runtime cli/agentmars
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: help env test lint typecheck pytest demo bench lock clean vllm-env vllm-smoke vllm-lock openhands-env ray-env ray-lock
+.PHONY: help env test lint typecheck pytest demo bench lock clean vllm-env vllm-smoke vllm-lock vllm033-lock openhands-env ray-env ray-lock
 
 help:
 	@echo "make demo   - the whole system: gateway, engine, sandbox pool, replayed agents; MARS vs FCFS (ENGINE=vllm for vLLM CPU)"
@@ -49,13 +49,16 @@ typecheck: env
 # are listed at the end, for the CI's time.
 TEST_WORKERS ?= 2
 
-# The real-engine tests (marked slow) run on the vLLM CPU environment, the OpenHands
+# The real-engine tests (marked slow) run on the vLLM CPU environment, the plugin's
+# scheduler-level tests on vLLM 0.33 too (vLLM 0.33 over that env), the OpenHands
 # application's test on its own (openhands-ai 1.11 on openhands-sdk 1.34), and the Ray
 # Serve router's on the Ray env, each built and cached by its script on the first run
 # (a few minutes), reused after.
 pytest: env
-	py=$$(scripts/vllm-env.sh) && oh=$$(scripts/openhands-env.sh) && ray=$$(scripts/ray-env.sh) && \
-	  AGENTMARS_VLLM_PYTHON=$$py AGENTMARS_OPENHANDS_PYTHON=$$oh AGENTMARS_RAY_PYTHON=$$ray \
+	py=$$(scripts/vllm-env.sh) && py033=$$(scripts/vllm033-env.sh) && \
+	  oh=$$(scripts/openhands-env.sh) && ray=$$(scripts/ray-env.sh) && \
+	  AGENTMARS_VLLM_PYTHON=$$py AGENTMARS_VLLM033_PYTHON=$$py033 \
+	  AGENTMARS_OPENHANDS_PYTHON=$$oh AGENTMARS_RAY_PYTHON=$$ray \
 	  $(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=40
 
 test: lint typecheck pytest
@@ -100,6 +103,10 @@ vllm-smoke:
 # Re-resolve requirements/vllm.txt into requirements/vllm.lock.
 vllm-lock:
 	scripts/vllm-env.sh --lock
+
+# Re-resolve requirements/vllm033.txt into requirements/vllm033.lock.
+vllm033-lock:
+	scripts/vllm033-env.sh --lock
 
 # The Ray Serve environment (cached in ~/.cache/agentmars, see docs/ray-serve.md).
 ray-env:

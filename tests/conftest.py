@@ -53,6 +53,7 @@ LATE_VLLM_MODULES = frozenset(
         "test_pause_running",
         "test_pins",
         "test_cpu_tier_order",
+        "test_vllm033",
     )
 )
 """Of those, the ones run last, after every module without vLLM, by the worker that ran

@@ -14,6 +14,7 @@ import importlib
 import inspect
 import math
 import os
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from agentmars.server.policies.interface import Policy
@@ -60,22 +61,32 @@ class PolicyModuleError(ValueError):
     """A module named in ``AGENTMARS_POLICY_MODULES`` cannot be imported."""
 
 
+def policy_modules_in(text: str) -> tuple[str, ...]:
+    """The modules a ``AGENTMARS_POLICY_MODULES`` value names, in order."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def extra_policy_modules() -> tuple[str, ...]:
-    """The modules ``AGENTMARS_POLICY_MODULES`` names, in order."""
-    names = os.environ.get(POLICY_MODULES_ENV, "").split(",")
-    return tuple(name.strip() for name in names if name.strip())
+    """The modules this process's ``AGENTMARS_POLICY_MODULES`` names."""
+    return policy_modules_in(os.environ.get(POLICY_MODULES_ENV, ""))
 
 
-def _load_all() -> None:
-    for module in POLICY_MODULES:
-        importlib.import_module(module)
-    for module in extra_policy_modules():
+def import_policy_modules(modules: Iterable[str]) -> None:
+    """Import each module (registering its policies); ``PolicyModuleError`` names the
+    first that does not import."""
+    for module in modules:
         try:
             importlib.import_module(module)
         except ImportError as error:
             raise PolicyModuleError(
                 f"{POLICY_MODULES_ENV}: cannot import {module}: {error}"
             ) from None
+
+
+def _load_all() -> None:
+    for module in POLICY_MODULES:
+        importlib.import_module(module)
+    import_policy_modules(extra_policy_modules())
 
 
 def policy_names() -> list[str]:

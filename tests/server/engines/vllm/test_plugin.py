@@ -49,11 +49,13 @@ TIMEOUT_S = 120.0
 # --- configuration (no vLLM needed) ----------------------------------------------------
 
 
-def test_only_the_supported_vllm_series_is_accepted() -> None:
-    check_vllm_version("0.32.0")
-    check_vllm_version("0.32.7rc1")
-    for other in ("0.31.2", "0.33.0", "1.0.0", "0.3.2"):
-        with pytest.raises(PluginConfigError, match=rf"supports vLLM 0\.32\.x only.*vLLM {other}"):
+def test_only_the_supported_vllm_series_are_accepted() -> None:
+    for supported in ("0.32.0", "0.32.7rc1", "0.33.0", "0.33.1"):
+        check_vllm_version(supported)
+    for other in ("0.31.2", "0.34.0", "1.0.0", "0.3.2"):
+        with pytest.raises(
+            PluginConfigError, match=rf"supports vLLM 0\.32\.x or 0\.33\.x only.*vLLM {other}"
+        ):
             check_vllm_version(other)
 
 

