@@ -137,15 +137,16 @@ def test_a_twin_without_a_cpu_tier_refuses_at_start_what_needs_one(name: str) ->
 
 
 def test_the_worked_example_in_the_docs_runs_and_its_halves_talk_through_the_stream() -> None:
-    """docs/policies.md's example policy, as written there: registered, run in the
-    simulator; its admission half's window shrinks when tools queue (one tool core, two
-    tools at once), which the stream carries as ``window_update`` events."""
+    """docs/writing-a-policy.md's example policy, as written there: registered, run in
+    the simulator; its admission half's window shrinks when tools queue (one tool core,
+    two tools at once), which the stream carries as ``window_update`` events."""
     from pathlib import Path
 
-    text = (Path(__file__).parents[2] / "docs" / "policies.md").read_text()
-    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    text = (Path(__file__).parents[2] / "docs" / "writing-a-policy.md").read_text()
+    section = text.split("## 3. The example", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict[str, object] = {}
-    exec(compile(code, "docs/policies.md", "exec"), namespace)
+    exec(compile(code, "docs/writing-a-policy.md", "exec"), namespace)
     policy = make_policy("example", window=2)
     seen: list[str] = []
     engine = SimEngine(
