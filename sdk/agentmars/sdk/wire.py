@@ -23,6 +23,9 @@ TOOL_PRIORITY_HEADER: Final = "X-Agentmars-Tool-Priority"
 """The gateway's answer: where the session's tool calls go in the sandbox pool's
 queue (lower first)."""
 
+STREAM_PATH: Final = "/v1/events/stream"
+"""The gateway's event stream: every event from then on, as SSE (bearer token)."""
+
 XARGS: Final = "vllm_xargs"
 SESSION_ID: Final = "session_id"
 CALL_ID: Final = "call_id"

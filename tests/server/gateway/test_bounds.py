@@ -19,12 +19,12 @@ import pytest
 from agentmars.sdk.auth import GATEWAY_TOKEN_ENV as TOKEN_ENV
 from agentmars.sdk.events import LLMEnd, LLMSubmit, SessionStart, ToolStats
 from agentmars.sdk.http_guard import HEADER_TIMEOUT_S
+from agentmars.sdk.wire import STREAM_PATH
 from agentmars.server.gateway.app import MAX_BODY_BYTES
 from agentmars.server.gateway.call_meta import call_metadata
 from agentmars.server.gateway.events import (
     MAX_STREAMS,
     STREAM_BUFFER_BYTES,
-    STREAM_PATH,
     CallRecorder,
 )
 from agentmars.server.web.ingest import EVENTS_PATH, MAX_EVENT_BYTES, EventHub

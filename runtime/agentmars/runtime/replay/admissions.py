@@ -16,8 +16,8 @@ from types import TracebackType
 import httpx
 
 from agentmars.sdk.events import EventError, LLMSubmit, decode_event
+from agentmars.sdk.wire import STREAM_PATH
 
-STREAM_PATH = "/v1/events/stream"
 OPEN_TIMEOUT_S = 10.0
 
 

@@ -21,13 +21,13 @@ from fastapi.responses import StreamingResponse
 
 from agentmars.sdk.auth import UNAUTHORISED, bearer_matches, check_token
 from agentmars.sdk.events import AnyEvent, LLMEnd, LLMFirstToken, LLMSubmit, clock
+from agentmars.sdk.wire import STREAM_PATH
 from agentmars.server.gateway.call_meta import CallMeta
 from agentmars.server.gateway.llm_apis import CHAT, Identity, LLMApi, Usage
 from agentmars.server.web.client_watch import ClosingStreamingResponse
 from agentmars.server.web.ingest import EventHub
 
 CallStatus = Literal["ok", "error", "cancelled"]
-STREAM_PATH = "/v1/events/stream"
 STREAM_QUEUE = 10_000
 """Events buffered per stream subscriber; a reader that falls further behind loses
 events (counted in a ``: dropped N`` SSE comment) instead of growing memory."""
